@@ -1,0 +1,3 @@
+"""thermik: RL post-training for LLM agents."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,120 @@
+"""`thermik` entry point: parse a typed config, build components, run, close.
+
+thermik rl  [@ a.toml @ b.toml] [--section.key value ...] [--dry-run] [--help]
+thermik sft [@ a.toml ...] [--key value ...] [--dry-run] [--help]
+thermik eval [@ a.toml ...] [--key value ...]        (held-out evaluation of model.path)
+thermik model init --preset NAME --out DIR
+thermik synthesize --env NAME --n N --out DIR [--split train|eval] [--seed S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from thermik.config import ConfigError, dump_toml, format_help, load_config
+from thermik.config.schema import RunConfig, SFTConfig
+
+
+def _run_configured(model_cls: type[BaseModel], argv: list[str], run: Callable[[Any], Any], prog: str) -> int:
+    if "--help" in argv or "-h" in argv:
+        print(f"usage: thermik {prog} [@ FILE.toml ...] [--section.key VALUE ...] [--dry-run]\n")
+        print(format_help(model_cls))
+        return 0
+    dry_run = "--dry-run" in argv
+    try:
+        cfg = load_config(model_cls, [a for a in argv if a != "--dry-run"])
+    except ConfigError as e:
+        print(f"thermik {prog}: config error: {e}", file=sys.stderr)
+        return 2
+    if dry_run:
+        print(dump_toml(cfg))
+        return 0
+    run(cfg)
+    return 0
+
+
+def _cmd_rl(cfg: RunConfig) -> None:
+    from thermik.training.rl import run_rl
+
+    run_rl(cfg)
+
+
+def _cmd_sft(cfg: SFTConfig) -> None:
+    from thermik.training.sft import run_sft
+
+    print(json.dumps(run_sft(cfg)))
+
+
+def _cmd_eval(cfg: RunConfig) -> None:
+    from thermik.training.evaluate_model import run_eval
+
+    print(json.dumps(run_eval(cfg)))
+
+
+def _cmd_model(argv: list[str]) -> int:
+    from thermik.models.presets import PRESETS, init_model
+
+    p = argparse.ArgumentParser(prog="thermik model", description="Build a tiny local model (no hub).")
+    sub = p.add_subparsers(dest="action", required=True)
+    init = sub.add_parser("init", help="Build a preset model + tokenizer and save it in HF format.")
+    init.add_argument("--preset", required=True, choices=sorted(PRESETS), help="Model preset.")
+    init.add_argument("--out", required=True, type=Path, help="Output directory.")
+    init.add_argument("--seed", type=int, default=0, help="Initialisation seed.")
+    init.add_argument("--overwrite", action="store_true", help="Replace an existing model directory.")
+    args = p.parse_args(argv)
+    path = init_model(args.preset, args.out, seed=args.seed, overwrite=args.overwrite)
+    print(f"saved {args.preset} to {path}")
+    return 0
+
+
+def _cmd_synthesize(argv: list[str]) -> int:
+    from thermik.data.synthetic import GENERATORS
+
+    p = argparse.ArgumentParser(prog="thermik synthesize", description="Write dataset rows and solved conversations.")
+    p.add_argument("--env", required=True, choices=sorted(GENERATORS), help="Environment whose generator to use.")
+    p.add_argument("--n", required=True, type=int, help="Number of rows.")
+    p.add_argument("--out", required=True, type=Path, help="Output directory (rows.jsonl, sft.jsonl).")
+    p.add_argument("--split", default="train", choices=["train", "eval"], help="Disjoint problem split.")
+    p.add_argument("--seed", type=int, default=0, help="Generator seed.")
+    args = p.parse_args(argv)
+    if args.n < 1:
+        p.error("--n must be >= 1")
+    from thermik.data.synthesize import synthesize
+
+    rows_path, sft_path = synthesize(args.env, args.n, args.out, split=args.split, seed=args.seed)
+    print(f"wrote {args.n} rows to {rows_path} and solved conversations to {sft_path}")
+    return 0
+
+
+COMMANDS = ("rl", "sft", "eval", "model", "synthesize")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "rl":
+        return _run_configured(RunConfig, rest, _cmd_rl, "rl")
+    if cmd == "sft":
+        return _run_configured(SFTConfig, rest, _cmd_sft, "sft")
+    if cmd == "eval":
+        return _run_configured(RunConfig, rest, _cmd_eval, "eval")
+    if cmd == "model":
+        return _cmd_model(rest)
+    if cmd == "synthesize":
+        return _cmd_synthesize(rest)
+    print(f"thermik: unknown command {cmd!r}; valid commands: {', '.join(COMMANDS)}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

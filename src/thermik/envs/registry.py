@@ -1,0 +1,80 @@
+"""Environment registry: one explicit name table plus user `register` calls; `make` builds one env.
+
+Every env constructor takes keyword arguments `reward_spec`, `extra_info` and `options`
+(the validated EnvConfig); nothing else is passed through.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from thermik.config.schema import EnvConfig
+from thermik.envs.base import Env
+
+BUILTIN_ENVIRONMENTS: dict[str, str] = {
+    "reverse_text": "thermik.envs.reverse_text:ReverseTextEnv",
+    "calculator": "thermik.envs.calculator:CalculatorEnv",
+}
+
+ENVIRONMENTS: dict[str, str] = dict(BUILTIN_ENVIRONMENTS)
+"""name -> "pkg.mod:Class"; the built-ins plus whatever `register` added."""
+
+
+def register(name: str, entry_point: str) -> None:
+    """Add a user environment under `name`; a name already taken is an error, never overwritten."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"environment name must be a non-empty string without ':', got {name!r}")
+    if name in ENVIRONMENTS:
+        raise ValueError(f"environment {name!r} is already registered (as {ENVIRONMENTS[name]!r})")
+    _split_entry_point(entry_point)
+    ENVIRONMENTS[name] = entry_point
+
+
+def unregister(name: str) -> None:
+    """Remove a user environment (built-ins stay); mainly for tests."""
+    if name in BUILTIN_ENVIRONMENTS:
+        raise ValueError(f"cannot unregister built-in environment {name!r}")
+    ENVIRONMENTS.pop(name, None)
+
+
+def resolve(name_or_path: str) -> type[Env]:
+    """The Env class for a registered name or a 'pkg.mod:Class' path."""
+    entry_point = ENVIRONMENTS.get(name_or_path)
+    if entry_point is None:
+        if ":" not in name_or_path:
+            raise ValueError(
+                f"unknown environment {name_or_path!r}; valid names: {', '.join(sorted(ENVIRONMENTS))} "
+                "(or a 'pkg.mod:Class' path)"
+            )
+        entry_point = name_or_path
+    module_name, attr = _split_entry_point(entry_point)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"environment {name_or_path!r}: cannot import module {module_name!r}: {exc}") from exc
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise ValueError(f"environment {name_or_path!r}: module {module_name!r} has no attribute {attr!r}")
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        raise ValueError(f"environment {name_or_path!r}: {entry_point!r} is not a subclass of thermik.envs.base.Env")
+    return cls
+
+
+def make(
+    name_or_path: str,
+    *,
+    reward_spec: dict[str, Any],
+    extra_info: dict[str, Any] | None = None,
+    options: EnvConfig | None = None,
+) -> Env:
+    """Build the environment for one dataset row."""
+    cls = resolve(name_or_path)
+    return cls(reward_spec=reward_spec, extra_info=extra_info or {}, options=options or EnvConfig())
+
+
+def _split_entry_point(entry_point: str) -> tuple[str, str]:
+    module_name, sep, attr = entry_point.partition(":") if isinstance(entry_point, str) else ("", "", "")
+    if not sep or not module_name or not attr or ":" in attr:
+        raise ValueError(f"entry point must look like 'pkg.mod:Class', got {entry_point!r}")
+    return module_name, attr

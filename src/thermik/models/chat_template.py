@@ -1,0 +1,96 @@
+"""ChatML chat template with Hermes/Qwen2.5-style tool calls, kept short for tiny models.
+
+Rendered shape (every message is ``<|im_start|>ROLE\\nCONTENT<|im_end|>\\n``)::
+
+    <|im_start|>system
+    SYSTEM CONTENT
+
+    # Tools
+    ...<tools>
+    {"name": ..., "description": ..., "parameters": ...}
+    </tools>
+    ...<|im_end|>
+    <|im_start|>user
+    What is 2+3?<|im_end|>
+    <|im_start|>assistant
+    <tool_call>
+    {"name": "add", "arguments": {"a": 2, "b": 3}}
+    </tool_call><|im_end|>
+    <|im_start|>user
+    <tool_response>
+    5
+    </tool_response><|im_end|>
+
+Prefix consistency: for k >= 1, ``render(msgs[:k])`` is a prefix of ``render(msgs)`` unless ``msgs[k]`` continues
+a run of ``tool`` messages (consecutive tool results share one user turn, so its closing ``<|im_end|>`` moves).
+Nothing is dropped from earlier turns (``<think>`` content is kept), so accumulated token ids match re-rendering.
+Assistant content up to and including ``<|im_end|>`` (what the model samples) is wrapped in ``{% generation %}``,
+so ``return_assistant_tokens_mask=True`` marks exactly those tokens; the newline after it is template text.
+"""
+
+from __future__ import annotations
+
+# Kept short on purpose: tiny character-level models pay for every prompt character in every step.
+TOOLS_INSTRUCTION_HEAD = "# Tools\n<tools>\n"
+TOOLS_INSTRUCTION_TAIL = '</tools>\nCall a tool as <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>'
+
+
+# Whitespace is controlled explicitly with `{%-`/`-%}`; transformers renders with trim_blocks and lstrip_blocks.
+CHATML_TOOL_TEMPLATE = (
+    "{%- macro render_content(content) -%}"
+    "{%- if content is none -%}{%- elif content is string -%}{{- content -}}"
+    "{%- elif content is sequence and content is not mapping -%}"
+    "{%- for part in content -%}{%- if part is string -%}{{- part -}}"
+    "{%- elif part.type == 'text' -%}{{- part.text -}}"
+    "{%- else -%}{{- raise_exception('only text content parts are supported, got ' + part.type) -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- else -%}{{- content | tojson -}}{%- endif -%}"
+    "{%- endmacro -%}"
+    # System turn: the given system message and/or the tool block.
+    "{%- set has_system = messages | length > 0 and messages[0].role == 'system' -%}"
+    "{%- if tools or has_system -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if has_system -%}{{- render_content(messages[0].content) -}}{%- endif -%}"
+    "{%- if tools -%}"
+    "{%- if has_system -%}{{- '\\n\\n' -}}{%- endif -%}"
+    "{{- " + repr(TOOLS_INSTRUCTION_HEAD) + " -}}"
+    "{%- for tool in tools -%}"
+    "{%- if tool.function is defined -%}{{- tool.function | tojson -}}{%- else -%}{{- tool | tojson -}}{%- endif -%}"
+    "{{- '\\n' -}}"
+    "{%- endfor -%}"
+    "{{- " + repr(TOOLS_INSTRUCTION_TAIL) + " -}}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    # Remaining messages.
+    "{%- for message in messages -%}"
+    "{%- if loop.first and has_system -%}"
+    "{%- elif message.role == 'user' or message.role == 'system' -%}"
+    "{{- '<|im_start|>' + message.role + '\\n' -}}{{- render_content(message.content) -}}{{- '<|im_end|>\\n' -}}"
+    "{%- elif message.role == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- generation -%}"
+    "{{- render_content(message.content) -}}"
+    "{%- if message.tool_calls is defined and message.tool_calls -%}"
+    "{%- for call in message.tool_calls -%}"
+    "{%- if call.function is defined -%}{%- set call = call.function -%}{%- endif -%}"
+    "{%- if message.content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": ' -}}{{- call.name | tojson -}}{{- ', \"arguments\": ' -}}"
+    "{%- if call.arguments is string -%}{{- call.arguments -}}{%- else -%}{{- call.arguments | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>' -}}"
+    "{%- endgeneration -%}"
+    "{{- '\\n' -}}"
+    "{%- elif message.role == 'tool' -%}"
+    "{%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user\\n' -}}{%- else -%}{{- '\\n' -}}"
+    "{%- endif -%}"
+    "{{- '<tool_response>\\n' -}}{{- render_content(message.content) -}}{{- '\\n</tool_response>' -}}"
+    "{%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- else -%}"
+    "{{- raise_exception('unknown message role ' + message.role + '; expected system, user, assistant or tool') -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)

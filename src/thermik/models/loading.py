@@ -1,0 +1,42 @@
+"""Load any local HF causal LM and its tokenizer. Never contacts a hub: every call passes local_files_only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _model_dir(path: str | Path, what: str, required_file: str) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(
+            f"{what} directory {p} does not exist (build one with init_model or point to a local HF dir)"
+        )
+    if not (p / required_file).is_file():
+        raise FileNotFoundError(f"{what} directory {p} has no {required_file}; is it a Hugging Face model directory?")
+    return p
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in local dir `path` (with its chat template)."""
+    p = _model_dir(path, "tokenizer", "tokenizer_config.json")
+    try:
+        return AutoTokenizer.from_pretrained(p, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise OSError(f"could not load the tokenizer from {p}: {e}") from e
+
+
+def load_model(path: str | Path, dtype: str = "float32", device: str | torch.device = "cpu") -> PreTrainedModel:
+    """The causal LM saved in local dir `path`, in eval mode, with parameters of `dtype` on `device`."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(DTYPES)}")
+    p = _model_dir(path, "model", "config.json")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=DTYPES[dtype])
+    except (OSError, ValueError) as e:
+        raise OSError(f"could not load the model from {p}: {e}") from e
+    return model.to(device)

@@ -1,0 +1,144 @@
+"""Tiny causal LMs built from a named preset and saved as an ordinary local HF model directory (no hub)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from thermik.models.tokenizer import build_tokenizer
+
+Architecture = Literal["qwen2", "qwen3", "llama"]
+
+CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}
+
+INITIALIZER_RANGE = 0.1
+"""With transformers' default 0.02, ~1M models stayed on a plateau and never learned to copy (FIELD-NOTES.md)."""
+
+MAX_POSITION_EMBEDDINGS = 2048
+
+
+@dataclass(frozen=True)
+class Preset:
+    arch: Architecture
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+_SIZE_1M = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 384}
+_SIZE_5M = {"hidden_size": 256, "num_layers": 6, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 768}
+_SIZE_20M = {"hidden_size": 512, "num_layers": 6, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1792}
+
+PRESETS: dict[str, Preset] = {
+    "qwen2-1m": Preset("qwen2", **_SIZE_1M),
+    "qwen2-5m": Preset("qwen2", **_SIZE_5M),
+    "qwen2-20m": Preset("qwen2", **_SIZE_20M),
+    "qwen3-1m": Preset("qwen3", **_SIZE_1M),
+    "qwen3-5m": Preset("qwen3", **_SIZE_5M),
+    "llama-1m": Preset("llama", **_SIZE_1M),
+    "llama-5m": Preset("llama", **_SIZE_5M),
+    "llama-20m": Preset("llama", **_SIZE_20M),
+}
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def build_config(name: str, tokenizer: PreTrainedTokenizerBase | None = None) -> PretrainedConfig:
+    """The HF config of preset `name`, with vocabulary and special ids taken from `tokenizer` (default: ours)."""
+    preset = get_preset(name)
+    tok = tokenizer if tokenizer is not None else build_tokenizer()
+    return CONFIG_CLASSES[preset.arch](
+        vocab_size=len(tok),
+        hidden_size=preset.hidden_size,
+        intermediate_size=preset.intermediate_size,
+        num_hidden_layers=preset.num_layers,
+        num_attention_heads=preset.num_heads,
+        num_key_value_heads=preset.num_kv_heads,
+        head_dim=preset.head_dim,
+        max_position_embeddings=MAX_POSITION_EMBEDDINGS,
+        initializer_range=INITIALIZER_RANGE,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        dtype="float32",
+    )
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Distinct parameters (tied embeddings counted once); works on meta-device models too."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def count_preset_parameters(name: str) -> int:
+    """Parameter count of a preset without allocating its weights (built on the meta device)."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(build_config(name))
+    return count_parameters(model)
+
+
+def init_model(preset: str, out_dir: str | Path, seed: int = 0, overwrite: bool = False) -> Path:
+    """Build preset `preset` with weights seeded by `seed`; save model, tokenizer and chat template to `out_dir`.
+
+    The directory appears complete or not at all: everything is written to a temp dir beside it, then renamed.
+    An existing non-empty `out_dir` is refused unless `overwrite=True`.
+    """
+    out = Path(out_dir)
+    get_preset(preset)  # fail on a bad name before touching the disk
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"model output path {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"model output dir {out} is not empty; pass overwrite=True to replace it")
+
+    tokenizer = build_tokenizer()
+    config = build_config(preset, tokenizer)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Rename `src` onto `dst`; an existing `dst` is moved aside first and deleted only after the rename."""
+    if not dst.exists():
+        os.replace(src, dst)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
+    os.replace(dst, old / dst.name)
+    os.replace(src, dst)
+    shutil.rmtree(old, ignore_errors=True)

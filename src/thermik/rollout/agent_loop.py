@@ -1,0 +1,149 @@
+"""The multi-turn agent loop: engine.generate(token ids) -> text -> env.step -> observation ids, token-in/token-out."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from thermik.config.schema import RolloutConfig, SamplingConfig
+from thermik.envs.base import Env
+from thermik.inference.base import InferenceEngine, SamplingParams
+from thermik.rollout.invariants import check_trajectory
+from thermik.rollout.tokenization import ChatTokenizer
+from thermik.rollout.trajectory import Trajectory
+
+
+class PromptTooLongError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class LoopLimits:
+    max_turns: int
+    max_input_length: int
+    max_generate_length: int
+    max_sequence_length: int
+
+    @classmethod
+    def from_config(cls, rollout: RolloutConfig, max_turns: int) -> LoopLimits:
+        return cls(max_turns, rollout.max_input_length, rollout.max_generate_length, rollout.max_sequence_length)
+
+
+def sampling_params(
+    cfg: SamplingConfig, max_tokens: int, stop_ids: tuple[int, ...], seed: int | None
+) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        min_p=cfg.min_p,
+        stop_token_ids=stop_ids,
+        seed=seed,
+    )
+
+
+async def run_episode(
+    engine: InferenceEngine,
+    env: Env,
+    chat: ChatTokenizer,
+    prompt: list[dict[str, Any]],
+    limits: LoopLimits,
+    sampling: SamplingConfig,
+    group_id: int = 0,
+    seed: int | None = None,
+) -> Trajectory:
+    """Play one episode. Rewards sit on each turn's last sampled token; a sequence that outgrows
+    max_sequence_length is overlong: stop reason "length" and its loss mask zeroed."""
+    messages, _ = await env.ainit(prompt)
+    prompt_ids = chat.encode_prompt(messages, env.tools)
+    if len(prompt_ids) > limits.max_input_length:
+        raise PromptTooLongError(f"prompt has {len(prompt_ids)} tokens > rollout.max_input_length")
+    traj = Trajectory(prompt_ids=prompt_ids, group_id=group_id, messages=list(messages))
+    turns: list[list[int]] = []
+    traj.stop_reason = "max_turns"
+    overlong = False
+    for turn in range(limits.max_turns):
+        room = limits.max_sequence_length - len(prompt_ids) - len(traj.response_ids)
+        max_tokens = min(limits.max_generate_length, room)
+        if max_tokens <= 0:
+            traj.stop_reason, overlong = "length", True
+            break
+        params = sampling_params(sampling, max_tokens, chat.stop_ids, None if seed is None else seed + 7919 * turn)
+        t0 = time.perf_counter()
+        gen = await engine.generate(prompt_ids + traj.response_ids, params)
+        traj.timings["llm"] += time.perf_counter() - t0
+        start = len(traj.response_ids)
+        turns.append(list(gen.token_ids))
+        traj.response_ids += gen.token_ids
+        traj.loss_mask += [1] * len(gen.token_ids)
+        traj.rollout_logprobs += gen.logprobs
+        traj.weight_versions += gen.weight_versions or [gen.weight_version] * len(gen.token_ids)
+        traj.rewards += [0.0] * len(gen.token_ids)
+        traj.num_turns = turn + 1
+        text = chat.decode(gen.token_ids)
+        traj.messages.append({"role": "assistant", "content": text})
+        if gen.stop_reason != "stop":
+            traj.stop_reason, overlong = gen.stop_reason, max_tokens < limits.max_generate_length
+            traj.turn_spans.append((start, len(traj.response_ids), len(traj.response_ids)))
+            break
+        t0 = time.perf_counter()
+        out = await env.astep(text)
+        traj.timings["env"] += time.perf_counter() - t0
+        if traj.rewards:
+            traj.rewards[-1] += float(out.reward)
+        for key in ("tool_calls", "tool_failures"):
+            traj.env_metrics[key] = traj.env_metrics.get(key, 0.0) + float(out.metadata.get(key, 0))
+        end_sampled = len(traj.response_ids)
+        if out.done:
+            traj.stop_reason = "stop"
+            traj.turn_spans.append((start, end_sampled, end_sampled))
+            break
+        obs_ids = chat.encode_observations(out.observations)
+        traj.messages += out.observations
+        traj.response_ids += obs_ids
+        traj.loss_mask += [0] * len(obs_ids)
+        traj.rollout_logprobs += [0.0] * len(obs_ids)
+        traj.weight_versions += [-1] * len(obs_ids)
+        traj.rewards += [0.0] * len(obs_ids)
+        traj.turn_spans.append((start, end_sampled, len(traj.response_ids)))
+        if len(prompt_ids) + len(traj.response_ids) >= limits.max_sequence_length:
+            traj.stop_reason, overlong = "length", True
+            break
+    if overlong:
+        traj.loss_mask = [0] * len(traj.loss_mask)
+        traj.env_metrics["overlong"] = 1.0
+    check_trajectory(traj, turns)
+    return traj
+
+
+EnvFactory = Callable[[dict[str, Any]], Env]
+
+
+async def rollout_rows(
+    engine: InferenceEngine,
+    make_env: EnvFactory,
+    chat: ChatTokenizer,
+    rows: list[dict[str, Any]],
+    group_size: int,
+    limits: LoopLimits,
+    sampling: SamplingConfig,
+    seed: int | None = None,
+) -> list[Trajectory]:
+    """All episodes of a batch run concurrently; rows[i] yields group i of `group_size` samples."""
+
+    async def one(row: dict[str, Any], group_id: int, k: int) -> Trajectory:
+        env = make_env(row)
+        try:
+            episode_seed = None if seed is None else seed + 1000 * group_id + k
+            traj = await run_episode(engine, env, chat, row["prompt"], limits, sampling, group_id, episode_seed)
+        finally:
+            await env.aclose()
+        traj.env_name = row.get("env_class", "")
+        return traj
+
+    tasks = [one(row, g, k) for g, row in enumerate(rows) for k in range(group_size)]
+    return list(await asyncio.gather(*tasks))

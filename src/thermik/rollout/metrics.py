@@ -1,0 +1,39 @@
+"""Per-step rollout metrics with the field's usual names (DESIGN.md, 'Run directory')."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import fmean, pstdev
+
+from thermik.eval.evaluate import SUCCESS_THRESHOLD
+from thermik.rollout.trajectory import Trajectory
+
+
+def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    rewards = [t.reward for t in trajs]
+    groups: dict[int, list[float]] = defaultdict(list)
+    by_env: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        groups[t.group_id].append(t.reward)
+        by_env[t.env_name or "env"].append(t.reward)
+    n = len(next(iter(groups.values()))) if groups else 0
+    calls = sum(t.env_metrics.get("tool_calls", 0.0) for t in trajs)
+    failures = sum(t.env_metrics.get("tool_failures", 0.0) for t in trajs)
+    out = {
+        "reward/mean": fmean(rewards),
+        "reward/std": pstdev(rewards),
+        f"pass@{n}": fmean(float(max(g) >= SUCCESS_THRESHOLD) for g in groups.values()),
+        "groups/zero_std_frac": fmean(float(max(g) == min(g)) for g in groups.values()),
+        "response_length/mean": fmean(t.num_generated_tokens for t in trajs),
+        "sequence_length/max": float(max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)),
+        "num_turns/mean": fmean(t.num_turns for t in trajs),
+        "tools/calls": calls / len(trajs),
+        "tools/failure_rate": failures / calls if calls else 0.0,
+        "stop/length_frac": fmean(float(t.stop_reason == "length") for t in trajs),
+        "stop/max_turns_frac": fmean(float(t.stop_reason == "max_turns") for t in trajs),
+        "time/llm_per_episode": fmean(t.timings["llm"] for t in trajs),
+        "time/env_per_episode": fmean(t.timings["env"] for t in trajs),
+    }
+    for env, rs in by_env.items():
+        out[f"reward/{env}/mean"] = fmean(rs)
+    return out

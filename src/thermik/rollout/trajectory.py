@@ -1,0 +1,52 @@
+"""Trajectory: one sampled episode in exact token ids (DESIGN.md, contract 'Trajectory')."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from thermik.inference.base import StopReason
+
+
+@dataclass
+class Trajectory:
+    """prompt_ids + response_ids is exactly the sequence the engine saw and produced.
+
+    response_ids holds sampled tokens and the observation tokens the loop appended, in order.
+    loss_mask, rollout_logprobs, weight_versions and rewards are aligned with response_ids:
+    loss_mask is 1 on sampled tokens only; rollout_logprobs/weight_versions are 0 / -1 on
+    observation tokens; rewards[i] is the reward of the turn whose last sampled token is i.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    rollout_logprobs: list[float] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    stop_reason: StopReason | str = "stop"
+    num_turns: int = 0
+    group_id: int = 0
+    env_name: str = ""
+    env_metrics: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=lambda: {"llm": 0.0, "env": 0.0})
+    turn_spans: list[tuple[int, int, int]] = field(default_factory=list)
+    """Per turn (start, end_sampled, end_observation) offsets into response_ids, for the prefix check."""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """The conversation as text, for dumps and debugging only (never re-tokenized)."""
+
+    @property
+    def reward(self) -> float:
+        return float(sum(self.rewards))
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return int(sum(self.loss_mask))
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Sampled tokens, counted even when an overlong sample's loss mask was zeroed."""
+        return sum(end_sampled - start for start, end_sampled, _ in self.turn_spans)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

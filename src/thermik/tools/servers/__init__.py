@@ -1,0 +1,1 @@
+"""MCP servers shipped with thermik, each runnable as `python -m thermik.tools.servers.<name>`."""

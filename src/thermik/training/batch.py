@@ -1,0 +1,66 @@
+"""Collate trajectories into padded tensors aligned with next-token targets.
+
+Every per-token tensor is indexed like `input_ids[:, 1:]`: position t holds the quantity of the
+token at t+1 (its logprob, mask, advantage), which is what a causal LM's logits at t predict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from thermik.rollout.trajectory import Trajectory
+
+
+@dataclass
+class TokenBatch:
+    input_ids: torch.Tensor  # [B, L] right-padded
+    attention_mask: torch.Tensor  # [B, L]
+    mask: torch.Tensor  # [B, L-1] float, 1 on sampled tokens that are trained
+    rollout_logp: torch.Tensor  # [B, L-1]
+    adv: torch.Tensor  # [B, L-1]
+    old_logp: torch.Tensor | None = None  # [B, L-1] behaviour-policy logprobs when more than one optimizer step
+    ref_logp: torch.Tensor | None = None  # [B, L-1] frozen reference logprobs when KL is on
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def slice(self, start: int, end: int) -> TokenBatch:
+        return TokenBatch(*(None if t is None else t[start:end] for t in self.__dict__.values()))
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.mask.sum().item())
+
+
+def collate(trajs: list[Trajectory], seq_adv: torch.Tensor, pad_id: int) -> TokenBatch:
+    """seq_adv [B]: one advantage per trajectory, broadcast to its sampled tokens."""
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
+    b, width = len(trajs), max(lengths)
+    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, width), dtype=torch.long)
+    mask = torch.zeros((b, width - 1))
+    rollout_logp = torch.zeros((b, width - 1))
+    for i, t in enumerate(trajs):
+        seq = t.prompt_ids + t.response_ids
+        input_ids[i, : len(seq)] = torch.tensor(seq)
+        attention[i, : len(seq)] = 1
+        p, r = len(t.prompt_ids), len(t.response_ids)
+        mask[i, p - 1 : p - 1 + r] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        rollout_logp[i, p - 1 : p - 1 + r] = torch.tensor(t.rollout_logprobs, dtype=torch.float32)
+    adv = seq_adv.to(torch.float32)[:, None] * mask
+    return TokenBatch(input_ids, attention, mask, rollout_logp, adv)
+
+
+def token_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp [B, L-1] of each next token under softmax(logits / temperature), entropy [B, L-1])."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy

@@ -1,0 +1,67 @@
+"""Build the pieces a run needs from their configs: model, tokenizer, engine, environments, datasets."""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from thermik.config.schema import DataConfig, EnvConfig, InferenceConfig, ModelConfig
+from thermik.data.dataset import load_rows
+from thermik.data.synthetic import generate_rows
+from thermik.envs.base import Env
+from thermik.envs.registry import make
+from thermik.inference.embedded import EmbeddedEngine
+from thermik.models.loading import load_model, load_tokenizer
+from thermik.rollout.agent_loop import EnvFactory
+from thermik.rollout.tokenization import ChatTokenizer
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def load_policy(cfg: ModelConfig) -> tuple[torch.nn.Module, ChatTokenizer]:
+    model = load_model(cfg.path, dtype=cfg.dtype, device=cfg.device)
+    return model, ChatTokenizer(load_tokenizer(cfg.path))
+
+
+def build_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig) -> EmbeddedEngine:
+    """The engine owns its own copy of the weights; the trainer pushes updates into it (weight sync)."""
+    if cfg.backend != "embedded":
+        raise ValueError(f"inference.backend={cfg.backend!r} is not available yet; use 'embedded'")
+    engine_model = copy.deepcopy(policy).eval()
+    for p in engine_model.parameters():
+        p.requires_grad_(False)
+    pad = chat.tokenizer.pad_token_id if chat.tokenizer.pad_token_id is not None else chat.eos_id
+    return EmbeddedEngine(
+        engine_model, eos_token_ids=chat.stop_ids, pad_token_id=pad, max_batch_size=cfg.max_batch_size, seed=cfg.seed
+    )
+
+
+def env_factory(cfg: EnvConfig) -> EnvFactory:
+    def make_env(row: dict[str, Any]) -> Env:
+        name = cfg.name or row.get("env_class", "")
+        return make(name, reward_spec=row.get("reward_spec", {}), extra_info=row.get("extra_info", {}), options=cfg)
+
+    return make_env
+
+
+def load_datasets(cfg: DataConfig, env_name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train rows, held-out rows): from files, or synthesized from disjoint splits of the environment's generator."""
+    train = (
+        load_rows(cfg.train_path)
+        if cfg.train_path
+        else generate_rows(env_name, cfg.synthetic_train_size, cfg.seed, split="train")
+    )
+    held_out = (
+        load_rows(cfg.eval_path)
+        if cfg.eval_path
+        else generate_rows(env_name, cfg.synthetic_eval_size, cfg.seed, split="eval")
+    )
+    return train, held_out

@@ -1,0 +1,134 @@
+"""Supervised fine-tuning on chat conversations, loss on assistant tokens only.
+
+Conversations are tokenized by the same function the agent loop uses (ChatTokenizer), so SFT
+sequences are byte-identical to what the policy will see during RL. Optionally stops early once
+sampled held-out success reaches a threshold: when a tiny model learns to copy varies by seed,
+so a threshold is a sturdier recipe than a fixed step count (FIELD-NOTES).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from thermik.config.loader import dump_toml
+from thermik.config.schema import InferenceConfig, SFTConfig
+from thermik.data.synthetic import generate_rows
+from thermik.eval.evaluate import evaluate
+from thermik.monitor.metrics import MetricsLogger
+from thermik.monitor.plots import plot_run
+from thermik.monitor.progress import StepProgress
+from thermik.rollout.agent_loop import LoopLimits
+from thermik.rollout.tokenization import ChatTokenizer
+from thermik.tools.mcp_pool import close_default_pool
+from thermik.training import components
+from thermik.training.batch import token_logprobs
+from thermik.training.optim import build_optimizer
+
+
+def load_conversations(path: str) -> list[dict[str, Any]]:
+    if not path:
+        raise ValueError("train_path is empty: pass --train_path FILE.jsonl (e.g. from `thermik synthesize`)")
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                row = json.loads(line)
+                if "messages" not in row:
+                    raise ValueError(f"{path}:{i}: row has no 'messages' field")
+                rows.append(row)
+    return rows
+
+
+def encode_all(chat: ChatTokenizer, rows: list[dict[str, Any]], max_length: int) -> list[tuple[list[int], list[int]]]:
+    out = []
+    for row in rows:
+        ids, mask = chat.encode_conversation(row["messages"], row.get("tools"))
+        out.append((ids[:max_length], mask[:max_length]))
+    return out
+
+
+def sft_loss(model: torch.nn.Module, examples: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
+    """Mean negative log-likelihood over assistant tokens of the batch."""
+    width = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    mask = torch.zeros((len(examples), width - 1))
+    for i, (ids, m) in enumerate(examples):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        attention[i, : len(ids)] = 1
+        mask[i, : len(ids) - 1] = torch.tensor(m[1:], dtype=torch.float32)
+    logp, _ = token_logprobs(model, input_ids, attention)
+    return -(logp * mask).sum() / mask.sum().clamp(min=1)
+
+
+async def _sft(cfg: SFTConfig) -> dict[str, Any]:
+    components.seed_everything(cfg.seed)
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.run_dir / "config.toml").write_text(dump_toml(cfg))
+    model, chat = components.load_policy(cfg.model)
+    examples = encode_all(chat, load_conversations(cfg.train_path), cfg.max_length)
+    optimizer, scheduler = build_optimizer(model, cfg.optimizer)
+    engine = components.build_engine(model, chat, InferenceConfig(seed=cfg.seed))
+    make_env = components.env_factory(cfg.env)
+    held_out = generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval")
+    limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
+    logger = MetricsLogger(cfg.run_dir)
+    rng = random.Random(cfg.seed)
+    pad = chat.tokenizer.pad_token_id or 0
+    result: dict[str, Any] = {"steps": 0, "success": None}
+    try:
+        with StepProgress(cfg.max_steps, "SFT", cfg.progress) as progress:
+            for step in range(1, cfg.max_steps + 1):
+                t0 = time.perf_counter()
+                model.train()
+                loss = sft_loss(model, rng.sample(examples, min(cfg.batch_size, len(examples))), pad)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optimizer.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                metrics = {
+                    "sft/loss": float(loss),
+                    "sft/grad_norm": float(grad_norm),
+                    "time/step": time.perf_counter() - t0,
+                }
+                result["steps"] = step
+                if cfg.eval_every and step % cfg.eval_every == 0:
+                    await engine.update_weights(model.state_dict())
+                    res, _ = await evaluate(engine, make_env, chat, held_out, limits, cfg.eval_temperature, cfg.seed)
+                    metrics.update(res.as_metrics())
+                    result["success"] = res.success
+                logger.log(step, metrics)
+                progress.update(step, {"loss": metrics["sft/loss"], "success": result["success"] or 0.0})
+                if result["success"] is not None and result["success"] >= cfg.stop_at_success and step >= cfg.min_steps:
+                    break
+        _save_model(model, chat, cfg.run_dir / "model")
+        plot_run(cfg.run_dir / "metrics.jsonl", cfg.run_dir / "plots")
+    finally:
+        logger.close()
+        await engine.close()
+        await close_default_pool()
+    (cfg.run_dir / "sft_result.json").write_text(json.dumps(result))
+    return result
+
+
+def _save_model(model: torch.nn.Module, chat: ChatTokenizer, out: Path) -> None:
+    """Atomic: a model directory is complete or absent."""
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    chat.tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def run_sft(cfg: SFTConfig) -> dict[str, Any]:
+    return asyncio.run(_sft(cfg))
