@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -98,6 +99,7 @@ COMMANDS = ("rl", "sft", "eval", "model", "synthesize")
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # thermik shows its own progress
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0

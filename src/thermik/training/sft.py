@@ -96,7 +96,7 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
                 optimizer.step()
                 scheduler.step()
                 metrics = {
-                    "sft/loss": float(loss),
+                    "sft/loss": float(loss.detach()),
                     "sft/grad_norm": float(grad_norm),
                     "time/step": time.perf_counter() - t0,
                 }
