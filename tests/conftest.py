@@ -1,0 +1,40 @@
+"""Shared fixtures: one tiny model per session and a clean environment for `thermik` subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY_PRESET = "qwen2-1m"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A `qwen2-1m` model + tokenizer saved once per session; tests must treat it as read-only."""
+    from thermik.models.presets import init_model
+
+    return init_model(TINY_PRESET, tmp_path_factory.mktemp("tiny_model") / TINY_PRESET, seed=0)
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """os.environ without a developer's THERMIK_* variables (they would change the config), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("THERMIK_")}
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.update(extra)
+    return env
+
+
+def thermik_argv(*args: str) -> list[str]:
+    """The command line that runs `thermik ARGS` with this interpreter (no reliance on PATH)."""
+    return [sys.executable, "-m", "thermik.cli", *args]
+
+
+def run_thermik(*args: str, cwd: Path | None = None, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run `thermik ARGS` to completion and capture its output as text."""
+    return subprocess.run(
+        thermik_argv(*args), cwd=cwd, env=cli_env(**env), capture_output=True, text=True, timeout=timeout, check=False
+    )
