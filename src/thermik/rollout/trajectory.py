@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from thermik.inference.base import StopReason
@@ -50,3 +52,11 @@ class Trajectory:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def dump_trajectories(path: Path, trajs: list[Trajectory]) -> None:
+    """One JSON object per line, for people reading what the policy did."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for t in trajs:
+            f.write(json.dumps(t.to_json()) + "\n")

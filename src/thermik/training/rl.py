@@ -24,7 +24,7 @@ from thermik.monitor.progress import StepProgress, print_table
 from thermik.rollout.agent_loop import EnvFactory, LoopLimits, rollout_rows
 from thermik.rollout.metrics import rollout_metrics
 from thermik.rollout.tokenization import ChatTokenizer
-from thermik.rollout.trajectory import Trajectory
+from thermik.rollout.trajectory import dump_trajectories
 from thermik.tools.mcp_pool import close_default_pool
 from thermik.training import components
 from thermik.training.batch import collate
@@ -146,22 +146,15 @@ async def rl_step(run: RLRun, step: int) -> dict[str, float]:
     }
     dump_every = cfg.monitor.save_trajectories_every
     if dump_every and (step + 1) % dump_every == 0:
-        _dump_trajectories(cfg.run_dir / "trajectories" / f"step_{step + 1}.jsonl", trajs)
+        dump_trajectories(cfg.run_dir / "trajectories" / f"step_{step + 1}.jsonl", trajs)
     return metrics
-
-
-def _dump_trajectories(path: Path, trajs: list[Trajectory]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for t in trajs:
-            f.write(json.dumps(t.to_json()) + "\n")
 
 
 async def _evaluate(run: RLRun, label: str) -> EvalResult:
     result, trajs = await evaluate(
         run.engine, run.make_env, run.chat, run.held_out, run.limits, run.cfg.eval.temperature, seed=run.cfg.seed
     )
-    _dump_trajectories(run.cfg.run_dir / "trajectories" / f"eval_{label}.jsonl", trajs)
+    dump_trajectories(run.cfg.run_dir / "trajectories" / f"eval_{label}.jsonl", trajs)
     (run.cfg.run_dir / f"eval_{label}.json").write_text(json.dumps(result.__dict__))
     return result
 

@@ -21,12 +21,13 @@ import torch
 from thermik.config.loader import dump_toml
 from thermik.config.schema import InferenceConfig, SFTConfig
 from thermik.data.synthetic import generate_rows
-from thermik.eval.evaluate import evaluate
+from thermik.eval.evaluate import EvalResult, evaluate
 from thermik.monitor.metrics import MetricsLogger
 from thermik.monitor.plots import plot_run
 from thermik.monitor.progress import StepProgress
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.tokenization import ChatTokenizer
+from thermik.rollout.trajectory import dump_trajectories
 from thermik.tools.mcp_pool import close_default_pool
 from thermik.training import components
 from thermik.training.batch import token_logprobs
@@ -69,6 +70,37 @@ def sft_loss(model: torch.nn.Module, examples: list[tuple[list[int], list[int]]]
     return -(logp * mask).sum() / mask.sum().clamp(min=1)
 
 
+class HeldOutCheck:
+    """Samples held-out episodes with the current weights (pushed into a separate engine)."""
+
+    def __init__(self, cfg: SFTConfig, model: torch.nn.Module, chat: ChatTokenizer) -> None:
+        self.cfg, self.chat = cfg, chat
+        self.engine = components.build_engine(model, chat, InferenceConfig(seed=cfg.seed))
+        self.make_env = components.env_factory(cfg.env)
+        self.rows = generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval")
+        self.limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
+
+    async def __call__(self, model: torch.nn.Module, step: int) -> EvalResult:
+        await self.engine.update_weights(model.state_dict())
+        result, trajs = await evaluate(
+            self.engine, self.make_env, self.chat, self.rows, self.limits, self.cfg.eval_temperature, self.cfg.seed
+        )
+        dump_trajectories(self.cfg.run_dir / "trajectories" / f"eval_step_{step}.jsonl", trajs)
+        return result
+
+
+def _sft_step(model: torch.nn.Module, batch: list, pad: int, optimizer, scheduler, max_grad_norm: float) -> dict:
+    t0 = time.perf_counter()
+    model.train()
+    loss = sft_loss(model, batch, pad)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    return {"sft/loss": float(loss.detach()), "sft/grad_norm": float(grad_norm), "time/step": time.perf_counter() - t0}
+
+
 async def _sft(cfg: SFTConfig) -> dict[str, Any]:
     components.seed_everything(cfg.seed)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
@@ -76,36 +108,21 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
     model, chat = components.load_policy(cfg.model)
     examples = encode_all(chat, load_conversations(cfg.train_path), cfg.max_length)
     optimizer, scheduler = build_optimizer(model, cfg.optimizer)
-    engine = components.build_engine(model, chat, InferenceConfig(seed=cfg.seed))
-    make_env = components.env_factory(cfg.env)
-    held_out = generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval")
-    limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
+    check = HeldOutCheck(cfg, model, chat)
     logger = MetricsLogger(cfg.run_dir)
     rng = random.Random(cfg.seed)
     pad = chat.tokenizer.pad_token_id or 0
-    result: dict[str, Any] = {"steps": 0, "success": None}
+    result: dict[str, Any] = {"steps": 0, "success": None, "reward": None}
     try:
         with StepProgress(cfg.max_steps, "SFT", cfg.progress) as progress:
             for step in range(1, cfg.max_steps + 1):
-                t0 = time.perf_counter()
-                model.train()
-                loss = sft_loss(model, rng.sample(examples, min(cfg.batch_size, len(examples))), pad)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optimizer.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                metrics = {
-                    "sft/loss": float(loss.detach()),
-                    "sft/grad_norm": float(grad_norm),
-                    "time/step": time.perf_counter() - t0,
-                }
+                batch = rng.sample(examples, min(cfg.batch_size, len(examples)))
+                metrics = _sft_step(model, batch, pad, optimizer, scheduler, cfg.optimizer.max_grad_norm)
                 result["steps"] = step
                 if cfg.eval_every and step % cfg.eval_every == 0:
-                    await engine.update_weights(model.state_dict())
-                    res, _ = await evaluate(engine, make_env, chat, held_out, limits, cfg.eval_temperature, cfg.seed)
-                    metrics.update(res.as_metrics())
-                    result["success"] = res.success
+                    held_out = await check(model, step)
+                    metrics.update(held_out.as_metrics())
+                    result.update(success=held_out.success, reward=held_out.reward)
                 logger.log(step, metrics)
                 progress.update(step, {"loss": metrics["sft/loss"], "success": result["success"] or 0.0})
                 if result["success"] is not None and result["success"] >= cfg.stop_at_success and step >= cfg.min_steps:
@@ -114,7 +131,7 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
         plot_run(cfg.run_dir / "metrics.jsonl", cfg.run_dir / "plots")
     finally:
         logger.close()
-        await engine.close()
+        await check.engine.close()
         await close_default_pool()
     (cfg.run_dir / "sft_result.json").write_text(json.dumps(result))
     return result
