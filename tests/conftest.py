@@ -33,7 +33,9 @@ def thermik_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "thermik.cli", *args]
 
 
-def run_thermik(*args: str, cwd: Path | None = None, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+def run_thermik(
+    *args: str, cwd: Path | None = None, timeout: float = 120, **env: str
+) -> subprocess.CompletedProcess[str]:
     """Run `thermik ARGS` to completion and capture its output as text."""
     return subprocess.run(
         thermik_argv(*args), cwd=cwd, env=cli_env(**env), capture_output=True, text=True, timeout=timeout, check=False

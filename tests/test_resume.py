@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from safetensors.torch import load_file
 from thermik.monitor.metrics import read_metrics
 from thermik.training.checkpoint import MODEL_DIR, OPTIMIZER_FILE, STATE_FILE
 
-STEPS = 12
+STEPS = 8
 KEEP = 2
 KILL_AFTER_STEP = 2
 
@@ -74,9 +75,8 @@ def _kill_mid_checkpoint(proc: subprocess.Popen[bytes], ckpt: Path, deadline_s: 
     start = time.monotonic()
     while _latest_step(ckpt) < KILL_AFTER_STEP:
         if proc.poll() is not None:
-            pytest.fail(f"thermik rl exited with {proc.returncode} before checkpoint step {KILL_AFTER_STEP}")
+            pytest.fail(f"thermik rl exited with {proc.returncode} before step {KILL_AFTER_STEP}; see killed.log")
         if time.monotonic() - start > deadline_s:
-            proc.kill()
             pytest.fail(f"no checkpoint step {KILL_AFTER_STEP} within {deadline_s} s")
         time.sleep(0.005)
     phase = "after a checkpoint was published"
@@ -102,21 +102,35 @@ def _train_records(run_dir: Path) -> list[dict]:
     return [r for r in read_metrics(run_dir) if "time/step" in r]
 
 
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start `thermik ARGS` in the background (stderr to a file); whatever still runs at teardown is killed."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str, log: str) -> subprocess.Popen[bytes]:
+        with open(tmp_path / log, "wb") as err:
+            argv = thermik_argv(*args)
+            procs.append(subprocess.Popen(argv, env=cli_env(), stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path))
+        return procs[-1]
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.slow
-def test_kill_during_training_then_rerun_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_kill_during_training_then_rerun_resumes(
+    tiny_model_dir: Path, tmp_path: Path, spawn: Callable[..., subprocess.Popen[bytes]]
+) -> None:
     out = tmp_path / "runs"
     run_dir, ckpt = out / "killed", out / "killed" / "checkpoints"
     args = _rl_args(tiny_model_dir, out, "killed")
 
-    proc = subprocess.Popen(
-        thermik_argv(*args), env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path
-    )
-    try:
-        phase = _kill_mid_checkpoint(proc, ckpt)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    # An uninterrupted run of the same config, in parallel, for the comparison at the end.
+    reference = spawn(*_rl_args(tiny_model_dir, out, "reference"), log="reference.log")
+    phase = _kill_mid_checkpoint(spawn(*args, log="killed.log"), ckpt)
     killed_at = time.time()
 
     # What the killed run left: only complete checkpoints, `latest` naming one of them, at most `keep`.
@@ -151,8 +165,7 @@ def test_kill_during_training_then_rerun_resumes(tiny_model_dir: Path, tmp_path:
     assert json.loads((ckpt / f"step_{STEPS}" / STATE_FILE).read_text())["step"] == STEPS
 
     # Resumption restored weights, optimizer, sampler and RNG: the result equals an uninterrupted run's.
-    ref = run_thermik(*_rl_args(tiny_model_dir, out, "reference"), cwd=tmp_path)
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert reference.wait(timeout=300) == 0, (tmp_path / "reference.log").read_text()[-3000:]
     resumed, reference = _weights(run_dir, STEPS), _weights(out / "reference", STEPS)
     assert resumed.keys() == reference.keys()
     initial = {k: v for k, v in load_file(str(tiny_model_dir / "model.safetensors")).items()}

@@ -47,7 +47,10 @@ def build_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceCon
 def env_factory(cfg: EnvConfig) -> EnvFactory:
     def make_env(row: dict[str, Any]) -> Env:
         name = cfg.name or row.get("env_class", "")
-        return make(name, reward_spec=row.get("reward_spec", {}), extra_info=row.get("extra_info", {}), options=cfg)
+        env = make(name, reward_spec=row.get("reward_spec", {}), extra_info=row.get("extra_info", {}), options=cfg)
+        if not cfg.render_tools:
+            env.tools = None  # the system prompt names the tool; its schema stays out of the context
+        return env
 
     return make_env
 

@@ -85,7 +85,7 @@ def setup(cfg: RunConfig) -> RLRun:
         run.start_step = int(extra["step"])
         run.sampler.load_state_dict(extra["sampler"])
         scheduler.load_state_dict(extra["scheduler"])
-        run.logger.truncate_after(run.start_step)
+        run.logger.truncate_after(run.start_step + 1)  # steps <= start_step are done and kept
     return run
 
 

@@ -48,10 +48,13 @@ def load_conversations(path: str) -> list[dict[str, Any]]:
     return rows
 
 
-def encode_all(chat: ChatTokenizer, rows: list[dict[str, Any]], max_length: int) -> list[tuple[list[int], list[int]]]:
+def encode_all(
+    chat: ChatTokenizer, rows: list[dict[str, Any]], max_length: int, render_tools: bool = True
+) -> list[tuple[list[int], list[int]]]:
+    """Tokenize as the agent loop will: tools rendered exactly when env.render_tools is on."""
     out = []
     for row in rows:
-        ids, mask = chat.encode_conversation(row["messages"], row.get("tools"))
+        ids, mask = chat.encode_conversation(row["messages"], row.get("tools") if render_tools else None)
         out.append((ids[:max_length], mask[:max_length]))
     return out
 
@@ -106,7 +109,7 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / "config.toml").write_text(dump_toml(cfg))
     model, chat = components.load_policy(cfg.model)
-    examples = encode_all(chat, load_conversations(cfg.train_path), cfg.max_length)
+    examples = encode_all(chat, load_conversations(cfg.train_path), cfg.max_length, cfg.env.render_tools)
     optimizer, scheduler = build_optimizer(model, cfg.optimizer)
     check = HeldOutCheck(cfg, model, chat)
     logger = MetricsLogger(cfg.run_dir)
