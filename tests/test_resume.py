@@ -166,13 +166,13 @@ def test_kill_during_training_then_rerun_resumes(
 
     # Resumption restored weights, optimizer, sampler and RNG: the result equals an uninterrupted run's.
     assert reference.wait(timeout=300) == 0, (tmp_path / "reference.log").read_text()[-3000:]
-    resumed, reference = _weights(run_dir, STEPS), _weights(out / "reference", STEPS)
-    assert resumed.keys() == reference.keys()
-    initial = {k: v for k, v in load_file(str(tiny_model_dir / "model.safetensors")).items()}
-    moved = max((reference[k] - initial[k]).abs().max().item() for k in reference)
+    resumed, expected = _weights(run_dir, STEPS), _weights(out / "reference", STEPS)
+    assert resumed.keys() == expected.keys()
+    initial = load_file(str(tiny_model_dir / "model.safetensors"))
+    moved = max((expected[k] - initial[k]).abs().max().item() for k in expected)
     assert moved > 1e-3, "training did not move the weights: the comparison below would prove nothing"
-    for k in reference:
-        torch.testing.assert_close(resumed[k], reference[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+    for k in expected:
+        torch.testing.assert_close(resumed[k], expected[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
     ref_records = _train_records(out / "reference")
     for mine, theirs in zip(records, ref_records, strict=True):
         assert mine["reward/mean"] == pytest.approx(theirs["reward/mean"], abs=1e-6), mine["step"]
