@@ -7,8 +7,10 @@ constant schedule, clip 0.2/0.28, token-mean (DAPO) loss, no KL/reference model,
 one forward/backward micro-batch, fp32, and the same torch thread count.
 
 Measured: completions per second of wall time over `--steps` steps after one warm-up step (the warm-up pays
-for lazy initialisation on both sides). thermik runs its real step (`thermik.training.rl.setup` + `rl_step`);
-TRL runs `GRPOTrainer.train()` and is timed by a callback at the end of each optimizer step.
+for lazy initialisation on both sides). thermik runs its real step (`thermik.training.rl.setup` + `rl_step`,
+weight sync to its engine included); TRL runs `GRPOTrainer.train()`, each step timed from on_step_begin to
+on_step_end (generation, reward, forward/backward, optimizer step). By default the two alternate step by step
+(`--schedule interleaved`) so that background load on a shared machine hits both alike.
 
     python benchmarks/grpo_vs_trl.py --preset qwen2-5m --steps 5 --prompts 8 --group 8 --max-tokens 32
 
@@ -23,7 +25,8 @@ import gc
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +50,10 @@ from thermik.data.synthetic import generate_rows
 from thermik.envs.reverse_text import reversal_reward
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.models.presets import init_model
-from thermik.training.rl import rl_step, setup
+from thermik.training.rl import RLRun, rl_step, setup
 
 SIDES = ("thermik", "trl")
+SCHEDULES = ("interleaved", "sequential")
 ENV = "reverse_text"
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28
 BETAS = (0.9, 0.98)
@@ -124,28 +128,68 @@ def thermik_config(spec: BenchSpec) -> RunConfig:
     )
 
 
-async def _thermik_steps(spec: BenchSpec) -> BenchResult:
-    run = setup(thermik_config(spec))
-    step_s: list[float] = []
-    lengths: list[float] = []
-    rewards: list[float] = []
-    try:
-        for step in range(spec.steps + 1):
-            t0 = time.perf_counter()
-            metrics = await rl_step(run, step)
-            if step > 0:  # step 0 is the warm-up
-                step_s.append(time.perf_counter() - t0)
-                lengths.append(metrics["response_length/mean"])
-                rewards.append(metrics["reward/mean"])
-    finally:
-        run.logger.close()
-        await run.engine.close()
-    return BenchResult("thermik", step_s, spec.batch * spec.steps, statistics.fmean(lengths), statistics.fmean(rewards))
+class ThermikStepper:
+    """thermik's real RL step (`setup` + `rl_step`) on one persistent event loop, so steps can interleave with TRL's."""
+
+    def __init__(self, spec: BenchSpec) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.run = self.loop.run_until_complete(self._setup(thermik_config(spec)))
+
+    @staticmethod
+    async def _setup(cfg: RunConfig) -> RLRun:
+        return setup(cfg)
+
+    def step(self, step: int) -> tuple[float, dict[str, float]]:
+        t0 = time.perf_counter()
+        metrics = self.loop.run_until_complete(rl_step(self.run, step))
+        return time.perf_counter() - t0, metrics
+
+    def close(self) -> None:
+        self.run.logger.close()
+        self.loop.run_until_complete(self.run.engine.close())
+        self.loop.close()
+
+
+@dataclass
+class StepLog:
+    """Per-step wall time, mean completion length and mean reward of one side; step 0 is the warm-up."""
+
+    side: str
+    seconds: list[float] = field(default_factory=list)
+    lengths: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+
+    def add(self, seconds: float, length: float, reward: float) -> None:
+        self.seconds.append(seconds)
+        self.lengths.append(length)
+        self.rewards.append(reward)
+
+    def result(self, spec: BenchSpec) -> BenchResult:
+        if len(self.seconds) != spec.steps + 1:
+            raise RuntimeError(f"{self.side} ran {len(self.seconds)} steps, expected {spec.steps + 1}")
+        return BenchResult(
+            self.side,
+            self.seconds[1:],
+            spec.batch * spec.steps,
+            statistics.fmean(self.lengths[1:]),
+            statistics.fmean(self.rewards[1:]),
+        )
+
+
+def thermik_step_into(stepper: ThermikStepper, log: StepLog, step: int) -> None:
+    seconds, metrics = stepper.step(step)
+    log.add(seconds, metrics["response_length/mean"], metrics["reward/mean"])
 
 
 def run_thermik(spec: BenchSpec) -> BenchResult:
     torch.set_num_threads(spec.threads)
-    return asyncio.run(_thermik_steps(spec))
+    stepper, log = ThermikStepper(spec), StepLog("thermik")
+    try:
+        for step in range(spec.steps + 1):
+            thermik_step_into(stepper, log, step)
+    finally:
+        stepper.close()
+    return log.result(spec)
 
 
 # ---------------------------------------------------------------- TRL
@@ -199,29 +243,35 @@ def trl_config(spec: BenchSpec) -> Any:
     )
 
 
-def run_trl(spec: BenchSpec) -> BenchResult:
+def run_trl(spec: BenchSpec, after_step: Callable[[int], None] | None = None) -> BenchResult:
+    """TRL's GRPOTrainer.train(); each step timed from on_step_begin to on_step_end, then `after_step(step)` runs."""
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOTrainer
 
-    class StepClock(TrainerCallback):
-        """Timestamps each optimizer step's end and copies that step's metrics before TRL's final log clears them."""
+    log = StepLog("trl")
 
-        def __init__(self) -> None:
-            self.trainer: Any = None
-            self.ends: list[float] = []
-            self.lengths: list[float] = []
-            self.rewards: list[float] = []
+    class StepClock(TrainerCallback):
+        """Times each optimizer step and copies its metrics before TRL's end-of-training log clears them."""
+
+        trainer: Any = None
+        t0 = 0.0
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.t0 = time.perf_counter()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.ends.append(time.perf_counter())
+            seconds = time.perf_counter() - self.t0
             metrics = self.trainer._metrics["train"]
-            self.lengths.append(metrics["completions/mean_length"][-1])
-            self.rewards.append(metrics["reward"][-1])
+            log.add(seconds, metrics["completions/mean_length"][-1], metrics["reward"][-1])
+            if after_step is not None:
+                after_step(len(log.seconds) - 1)
 
     torch.set_num_threads(spec.threads)
     rows = generate_rows(ENV, spec.train_rows, spec.seed, split="train")
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["reward_spec"]["ground_truth"]} for r in rows])
+    dataset = Dataset.from_list(
+        [{"prompt": r["prompt"], "ground_truth": r["reward_spec"]["ground_truth"]} for r in rows]
+    )
     clock = StepClock()
     trainer = GRPOTrainer(
         model=load_model(spec.model_dir),
@@ -236,11 +286,18 @@ def run_trl(spec: BenchSpec) -> BenchResult:
     trainer.train()
     if torch.get_num_threads() != spec.threads:
         raise RuntimeError(f"TRL changed torch threads to {torch.get_num_threads()} (asked {spec.threads})")
-    if len(clock.ends) != spec.steps + 1:
-        raise RuntimeError(f"TRL ran {len(clock.ends)} optimizer steps, expected {spec.steps + 1}")
-    step_s = [b - a for a, b in zip(clock.ends, clock.ends[1:], strict=False)]  # ends[0] closes the warm-up
-    lengths, rewards = statistics.fmean(clock.lengths[1:]), statistics.fmean(clock.rewards[1:])
-    return BenchResult("trl", step_s, spec.batch * spec.steps, lengths, rewards)
+    return log.result(spec)
+
+
+def run_interleaved(spec: BenchSpec) -> list[BenchResult]:
+    """TRL step k, then thermik step k, and so on: both sides see the same background load on a shared machine."""
+    torch.set_num_threads(spec.threads)
+    stepper, log = ThermikStepper(spec), StepLog("thermik")
+    try:
+        trl = run_trl(spec, after_step=lambda step: thermik_step_into(stepper, log, step))
+    finally:
+        stepper.close()
+    return [log.result(spec), trl]
 
 
 RUNNERS = {"thermik": run_thermik, "trl": run_trl}
@@ -280,6 +337,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
     p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES), help="which halves to run, in order")
+    p.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default="interleaved",
+        help="interleaved: alternate one TRL step and one thermik step (fair under fluctuating background load); "
+        "sequential: run each side's steps in turn",
+    )
     args = p.parse_args(argv)
     for name in ("steps", "prompts", "max_tokens", "threads"):
         if getattr(args, name) < 1:
@@ -307,11 +371,14 @@ def main(argv: list[str] | None = None) -> list[BenchResult]:
             seed=args.seed,
             threads=args.threads,
         )
-        results = []
-        for side in args.sides:
-            results.append(RUNNERS[side](spec))
-            gc.collect()
-    print(f"preset {args.preset}, reverse_text, GRPO, lr {args.lr}, seed {args.seed}")
+        if args.schedule == "interleaved" and set(args.sides) == set(SIDES):
+            results = run_interleaved(spec)
+        else:
+            results = []
+            for side in dict.fromkeys(args.sides):
+                results.append(RUNNERS[side](spec))
+                gc.collect()
+    print(f"preset {args.preset}, reverse_text, GRPO, lr {args.lr}, seed {args.seed}, schedule {args.schedule}")
     print(format_table(results, spec))
     return results
 
