@@ -22,7 +22,8 @@ SPLITS: tuple[str, ...] = ("train", "eval")
 EVAL_BUCKETS = 10
 """One problem in EVAL_BUCKETS (by hash) belongs to the eval split."""
 
-CALCULATOR_SYSTEM = "Use calculate, then reply <answer>N</answer>."
+# No <answer> tag here: an induction head would copy the placeholder after it instead of the tool result.
+CALCULATOR_SYSTEM = "Use the calculate tool, then give the answer."
 REVERSE_SYSTEM = "Reverse the text. Reply <reversed>...</reversed>."
 _WORD_TEXT = (
     "a an the cat dog sun sky red blue green tree leaf rain snow wind fire stone river hill road door box cup "

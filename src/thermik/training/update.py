@@ -81,7 +81,10 @@ def policy_update(
             n = float(mb.mask.sum())
             sums["policy/loss"] += float(loss.detach())
             sums["policy/entropy"] += float((entropy.detach() * mb.mask).sum())
-            sums["mismatch/logprob_abs_diff"] += float(((logp.detach() - mb.rollout_logp).abs() * mb.mask).sum())
+            # Rollout vs trainer logprobs of the same weights: the behaviour logprobs when computed, else this
+            # forward (identical to them on the first mini-batch, which is the only one when mini_batches = 1).
+            behaviour = old.detach()
+            sums["mismatch/logprob_abs_diff"] += float(((behaviour - mb.rollout_logp).abs() * mb.mask).sum())
             for key in ("clip_frac", "ratio_mean", "ratio_std"):
                 sums[f"policy/{key}"] += float(m[f"policy/{key}"]) * n
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), trainer.optimizer.max_grad_norm)

@@ -1,0 +1,55 @@
+"""GRPO end to end through the real loop, engine and trainer: a reward the untrained model
+almost never earns is learned within a few dozen steps (checks the sign and plumbing of the update)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from thermik.config.schema import RunConfig
+from thermik.data.dataset import write_rows
+from thermik.data.synthetic import generate_rows
+from thermik.envs.base import Env, StepOutput
+from thermik.envs.registry import register, unregister
+from thermik.training.rl import run_rl
+
+
+class CountLetterEnv(Env):
+    """Single turn; reward = fraction of characters that are lowercase ASCII letters (~0.1 for random bytes)."""
+
+    def __init__(self, reward_spec: dict, extra_info: dict, options: object) -> None:
+        pass
+
+    def step(self, action: str) -> StepOutput:
+        return StepOutput([], sum("a" <= c <= "z" for c in action) / max(len(action), 1), True)
+
+
+@pytest.mark.slow
+def test_grpo_raises_reward(tmp_path, tiny_model_dir) -> None:
+    # reverse_text rows supply the prompts; the registered env ignores their ground truth.
+    write_rows(tmp_path / "train.jsonl", generate_rows("reverse_text", 64, 0, split="train"))
+    write_rows(tmp_path / "eval.jsonl", generate_rows("reverse_text", 16, 0, split="eval"))
+    cfg = RunConfig.model_validate(
+        {
+            "name": "count-a",
+            "output_dir": str(tmp_path),
+            "model": {"path": str(tiny_model_dir)},
+            "env": {"name": "lowercase", "max_turns": 1},
+            "data": {"train_path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl")},
+            "rollout": {"max_generate_length": 12, "max_input_length": 128, "max_sequence_length": 160},
+            "trainer": {"steps": 24, "prompts_per_step": 4, "group_size": 8, "optimizer": {"lr": 1e-3}},
+            "eval": {"size": 16},
+            "monitor": {"progress": False},
+        }
+    )
+    register("lowercase", f"{__name__}:CountLetterEnv")
+    try:
+        result = run_rl(cfg)
+    finally:
+        unregister("lowercase")
+    assert result["before"]["reward"] < 0.25
+    assert result["after"]["reward"] > 0.6
+    lines = [json.loads(x) for x in (tmp_path / "count-a" / "metrics.jsonl").read_text().splitlines()]
+    mismatch = [x["mismatch/logprob_abs_diff"] for x in lines if "mismatch/logprob_abs_diff" in x]
+    assert max(mismatch) < 1e-3  # rollout and trainer logprobs agree (same weights, same temperature)
