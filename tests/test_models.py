@@ -70,10 +70,10 @@ def test_template_renders_tools_calls_and_grouped_responses(tok):
     ) in text
     # consecutive tool results share one user turn
     assert (
-        "<|im_start|>user\n<tool_response>\n24\n</tool_response>\n<tool_response>\n12\n</tool_response><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>24</tool_response>\n<tool_response>12</tool_response><|im_end|>\n"
     ) in text
     assert '<|im_start|>assistant\n<tool_call>\n{"name": "calculate", "arguments": {}}\n</tool_call><|im_end|>' in text
-    assert text.endswith("<tool_response>\n2\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert text.endswith("<tool_response>2</tool_response><|im_end|>\n<|im_start|>assistant\n")
     assert text.count("<|im_start|>") == text.count("<|im_end|>") + 1
 
 

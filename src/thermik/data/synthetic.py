@@ -22,9 +22,10 @@ SPLITS: tuple[str, ...] = ("train", "eval")
 EVAL_BUCKETS = 10
 """One problem in EVAL_BUCKETS (by hash) belongs to the eval split."""
 
-# No <answer> tag here: an induction head would copy the placeholder after it instead of the tool result.
+# No output tags in system prompts: an induction head would copy the placeholder after the tag (N, ...)
+# instead of the tool result or the reversed text.
 CALCULATOR_SYSTEM = "Use the calculate tool, then give the answer."
-REVERSE_SYSTEM = "Reverse the text. Reply <reversed>...</reversed>."
+REVERSE_SYSTEM = "Reverse the text."
 _WORD_TEXT = (
     "a an the cat dog sun sky red blue green tree leaf rain snow wind fire stone river hill road door box cup "
     "bird fish frog bee ant owl fox wolf bear deer milk tea bread cake salt rice corn apple pear plum lime "

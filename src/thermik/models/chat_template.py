@@ -17,9 +17,12 @@ Rendered shape (every message is ``<|im_start|>ROLE\\nCONTENT<|im_end|>\\n``)::
     {"name": "add", "arguments": {"a": 2, "b": 3}}
     </tool_call><|im_end|>
     <|im_start|>user
-    <tool_response>
-    5
-    </tool_response><|im_end|>
+    <tool_response>5</tool_response><|im_end|>
+
+Unlike Qwen's template, a tool result sits directly between its tags (no newlines): a tiny character-level
+model then finds the first character of the result as "the token after <tool_response>" in one attention
+hop, and learned to copy results into its answer within the SFT budget (it had not after 700 steps with the
+newlines). Real models bring their own template in their model directory.
 
 Prefix consistency: for k >= 1, ``render(msgs[:k])`` is a prefix of ``render(msgs)`` unless ``msgs[k]`` continues
 a run of ``tool`` messages (consecutive tool results share one user turn, so its closing ``<|im_end|>`` moves).
@@ -86,7 +89,7 @@ CHATML_TOOL_TEMPLATE = (
     "{%- elif message.role == 'tool' -%}"
     "{%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user\\n' -}}{%- else -%}{{- '\\n' -}}"
     "{%- endif -%}"
-    "{{- '<tool_response>\\n' -}}{{- render_content(message.content) -}}{{- '\\n</tool_response>' -}}"
+    "{{- '<tool_response>' -}}{{- render_content(message.content) -}}{{- '</tool_response>' -}}"
     "{%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
     "{%- else -%}"
     "{{- raise_exception('unknown message role ' + message.role + '; expected system, user, assistant or tool') -}}"
