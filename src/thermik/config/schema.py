@@ -162,7 +162,8 @@ class SFTConfig(Section):
     eval_every: int = Field(50, ge=0, description="Check held-out success every k steps; 0 disables early stop.")
     eval_size: int = Field(64, ge=1, description="Held-out problems per check.")
     eval_temperature: float = Field(1.0, ge=0, description="Sampling temperature of the held-out check.")
-    stop_at_success: float = Field(1.1, description="Stop once held-out success reaches this; > 1 never stops.")
+    stop_at: float = Field(1.1, description="Stop once the held-out stop_metric reaches this; > 1 never stops.")
+    stop_metric: Literal["success", "reward"] = Field("success", description="Held-out metric compared with stop_at.")
     min_steps: int = Field(0, ge=0, description="Never stop before this many steps.")
     progress: bool = Field(True, description="Show a rich progress bar.")
 

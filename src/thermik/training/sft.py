@@ -128,7 +128,8 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
                     result.update(success=held_out.success, reward=held_out.reward)
                 logger.log(step, metrics)
                 progress.update(step, {"loss": metrics["sft/loss"], "success": result["success"] or 0.0})
-                if result["success"] is not None and result["success"] >= cfg.stop_at_success and step >= cfg.min_steps:
+                reached = result[cfg.stop_metric] is not None and result[cfg.stop_metric] >= cfg.stop_at
+                if reached and step >= cfg.min_steps:
                     break
         _save_model(model, chat, cfg.run_dir / "model")
         plot_run(cfg.run_dir / "metrics.jsonl", cfg.run_dir / "plots")
