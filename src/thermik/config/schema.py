@@ -164,7 +164,7 @@ class SFTConfig(Section):
     eval_temperature: float = Field(1.0, ge=0, description="Sampling temperature of the held-out check.")
     stop_at: float = Field(1.1, description="Stop once the held-out stop_metric reaches this; > 1 never stops.")
     stop_metric: Literal["success", "reward"] = Field("success", description="Held-out metric compared with stop_at.")
-    min_steps: int = Field(0, ge=0, description="Never stop before this many steps.")
+    min_steps: int = Field(0, ge=0, description="Held-out checks (and so early stops) start at this step.")
     progress: bool = Field(True, description="Show a rich progress bar.")
 
     @property

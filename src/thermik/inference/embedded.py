@@ -9,6 +9,7 @@ so continuous batching and session reuse can replace the static batch later.
 from __future__ import annotations
 
 import asyncio
+import time
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -143,8 +144,7 @@ class EmbeddedEngine:
         assert self._wakeup is not None
         while not self._closed:
             await self._wakeup.wait()
-            # Yield once so tasks that were about to submit get into this batch.
-            await asyncio.sleep(0)
+            await self._gather_window()
             self._wakeup.clear()
             if self._closed:
                 break
@@ -166,6 +166,18 @@ class EmbeddedEngine:
             for req, result in zip(batch, results, strict=True):
                 if not req.future.done():
                     req.future.set_result(result)
+
+    async def _gather_window(self, quiet_s: float = 0.002, max_wait_s: float = 0.02) -> None:
+        """Wait until no new request arrived for `quiet_s` (at most `max_wait_s`): episodes return from their
+        tool calls at slightly different times, and one batch for all of them beats a batch per straggler."""
+        await asyncio.sleep(0)
+        deadline = time.perf_counter() + max_wait_s
+        seen = -1
+        while len(self._pending) != seen and len(self._pending) < self.max_batch_size:
+            seen = len(self._pending)
+            if time.perf_counter() >= deadline:
+                break
+            await asyncio.sleep(quiet_s)
 
     def _aborted(self) -> Generation:
         return Generation(token_ids=[], logprobs=[], stop_reason="abort", weight_version=self._version)

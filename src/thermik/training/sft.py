@@ -122,7 +122,7 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
                 batch = rng.sample(examples, min(cfg.batch_size, len(examples)))
                 metrics = _sft_step(model, batch, pad, optimizer, scheduler, cfg.optimizer.max_grad_norm)
                 result["steps"] = step
-                if cfg.eval_every and step % cfg.eval_every == 0:
+                if cfg.eval_every and step % cfg.eval_every == 0 and step >= cfg.min_steps:
                     held_out = await check(model, step)
                     metrics.update(held_out.as_metrics())
                     result.update(success=held_out.success, reward=held_out.reward)
