@@ -9,8 +9,8 @@ so continuous batching and session reuse can replace the static batch later.
 from __future__ import annotations
 
 import asyncio
-import time
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
