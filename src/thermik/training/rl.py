@@ -179,6 +179,7 @@ async def train(cfg: RunConfig) -> dict[str, Any]:
             before = EvalResult(**json.loads(before_path.read_text()))
         elif cfg.eval.before:
             before = await _evaluate(run, "before")
+            run.logger.log(0, before.as_metrics())  # step 0 on the reward plot
         else:
             before = None
         if run.start_step:
@@ -198,7 +199,7 @@ async def train(cfg: RunConfig) -> dict[str, Any]:
         if not cfg.checkpoint.every or cfg.trainer.steps % cfg.checkpoint.every:
             _save_checkpoint(run, cfg.trainer.steps)
         _export(run)
-        plot_run(cfg.run_dir / "metrics.jsonl", cfg.run_dir / "plots")
+        plot_run(cfg.run_dir / "metrics.jsonl", cfg.run_dir)
         _print_summary(cfg, before, after)
         return {"before": None if before is None else before.__dict__, "after": after.__dict__}
     finally:

@@ -132,7 +132,7 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
                 if reached and step >= cfg.min_steps:
                     break
         _save_model(model, chat, cfg.run_dir / "model")
-        plot_run(cfg.run_dir / "metrics.jsonl", cfg.run_dir / "plots")
+        plot_run(cfg.run_dir / "metrics.jsonl", cfg.run_dir)
     finally:
         logger.close()
         await check.engine.close()
