@@ -86,6 +86,7 @@ def setup(cfg: RunConfig) -> RLRun:
         run.sampler.load_state_dict(extra["sampler"])
         scheduler.load_state_dict(extra["scheduler"])
         run.logger.truncate_after(run.start_step + 1)  # steps <= start_step are done and kept
+        print(f"resumed {cfg.run_dir} from {latest.name} (step {run.start_step} of {cfg.trainer.steps})")
     return run
 
 
