@@ -19,12 +19,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from thermik.config import ConfigError, dump_toml, format_help, load_config
+from thermik.config import ConfigError, dump_toml, format_help, load_config, wants_help
 from thermik.config.schema import RunConfig, SFTConfig
 
 
 def _run_configured(model_cls: type[BaseModel], argv: list[str], run: Callable[[Any], Any], prog: str) -> int:
-    if "--help" in argv or "-h" in argv:
+    if wants_help(argv):
         print(f"usage: thermik {prog} [@ FILE.toml ...] [--section.key VALUE ...] [--dry-run]\n")
         print(format_help(model_cls))
         return 0

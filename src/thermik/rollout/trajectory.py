@@ -42,10 +42,6 @@ class Trajectory:
         return float(sum(self.rewards))
 
     @property
-    def num_sampled_tokens(self) -> int:
-        return int(sum(self.loss_mask))
-
-    @property
     def num_generated_tokens(self) -> int:
         """Sampled tokens, counted even when an overlong sample's loss mask was zeroed."""
         return sum(end_sampled - start for start, end_sampled, _ in self.turn_spans)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from thermik.algorithms.advantages import broadcast_to_tokens
+from thermik.algorithms.losses import entropy_from_logits
 from thermik.rollout.trajectory import Trajectory
 
 
@@ -49,7 +51,7 @@ def collate(trajs: list[Trajectory], seq_adv: torch.Tensor, pad_id: int) -> Toke
         p, r = len(t.prompt_ids), len(t.response_ids)
         mask[i, p - 1 : p - 1 + r] = torch.tensor(t.loss_mask, dtype=torch.float32)
         rollout_logp[i, p - 1 : p - 1 + r] = torch.tensor(t.rollout_logprobs, dtype=torch.float32)
-    adv = seq_adv.to(torch.float32)[:, None] * mask
+    adv = broadcast_to_tokens(seq_adv.to(torch.float32), mask)
     return TokenBatch(input_ids, attention, mask, rollout_logp, adv)
 
 
@@ -62,5 +64,5 @@ def token_logprobs(
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    entropy = entropy_from_logits(logits)
     return logp, entropy
