@@ -22,7 +22,12 @@ class SamplingParams:
     top_k: int = 0
     min_p: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends once the decoded continuation contains one (the engine needs a detokenizer);
+    the returned tokens run up to and including the token that completed the string."""
     seed: int | None = None
+    top_logprobs: int = 0
+    """If > 0, Generation.top_logprobs holds, per sampled token, the this-many most likely token ids and logprobs."""
 
 
 @dataclass
@@ -35,6 +40,7 @@ class Generation:
     stop_reason: StopReason
     weight_version: int
     weight_versions: list[int] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] | None = None
 
 
 class InferenceEngine(Protocol):
