@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -54,3 +55,13 @@ class InferenceEngine(Protocol):
     def weight_version(self) -> int: ...
 
     async def close(self) -> None: ...
+
+
+def check_request(prompt_ids: Sequence[int], sampling: SamplingParams, vocab_size: int) -> None:
+    if len(prompt_ids) == 0:
+        raise ValueError("prompt_ids is empty: the engine needs at least one prompt token")
+    if sampling.max_tokens < 1:
+        raise ValueError(f"sampling.max_tokens must be >= 1, got {sampling.max_tokens}")
+    bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt_ids holds ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")

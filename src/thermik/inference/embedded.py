@@ -1,64 +1,85 @@
-"""The embedded engine: in-process torch generation with the model's KV cache (the default backend).
+"""The embedded engine (the default backend): continuous batching over a slot KV cache, in this process.
 
-Concurrent `generate` calls are queued and served together: a background task takes everything queued,
-runs one static batch (`generate_batch`) in a worker thread so the event loop stays free for tool calls,
-and resolves each caller's future. Request handling (`_serve`) and decoding (`_decode_loop`) are separate
-so continuous batching and session reuse can replace the static batch later.
+A scheduler thread owns the model. Each iteration it admits queued requests into cache slots, prefilling
+only what no slot holds yet: the n samples of a group share one prefill, and a session's next turn (or any
+prompt that extends a cached sequence) prefills only its new tokens. Then it runs one decode step for every
+running sequence. A finished sequence frees its slot for the next request at once (continuous batching).
+Weight updates take the model lock between two steps: running sequences continue on the new weights (their
+cached keys/values stay as the old weights made them, as in PipelineRL) and every token records the weight
+version that produced it; cached prefixes of finished requests and parked sessions are dropped.
+
+Models the native forward does not cover fall back to `HFEngine` (static batches on transformers) with a
+warning; see `embedded_engine`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
-from safetensors.torch import load_file
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource
+from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource, check_request
+from thermik.inference.hf_engine import HFEngine
+from thermik.inference.native_model import NativeCausalLM, unsupported_reason
 from thermik.inference.sampling import process_logits, sample, token_logprobs
+from thermik.inference.weights import check_state, copy_state, load_state
+
+Detokenize = Callable[[list[int]], str]
 
 
 @dataclass
 class _Request:
     prompt_ids: list[int]
     sampling: SamplingParams
-    future: asyncio.Future[Generation]
+    session_id: str | None
+    future: concurrent.futures.Future[Generation]
+    stop_ids: frozenset[int]
+    generator: torch.Generator | None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+
+    def result(self, reason: StopReason, version: int) -> Generation:
+        return Generation(
+            token_ids=self.token_ids,
+            logprobs=self.logprobs,
+            stop_reason=reason,
+            weight_version=self.versions[-1] if self.versions else version,
+            weight_versions=self.versions,
+            top_logprobs=self.top_logprobs if self.sampling.top_logprobs else None,
+        )
 
 
 @dataclass
-class _Rows:
-    """Per-row state of one decode batch."""
+class _Slot:
+    """One cache row. `tokens` are the ids whose keys/values it holds; they stay valid after the request ends,
+    so a later prompt with the same prefix reuses them (until the slot is given to another request)."""
 
-    sampling: list[SamplingParams]
-    stop_ids: list[frozenset[int]]
-    generators: list[torch.Generator | None]
-    temperature: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    min_p: torch.Tensor
-    token_ids: list[list[int]]
-    logprobs: list[list[float]]
-    versions: list[list[int]]
-    stop_reason: list[StopReason | None]
+    tokens: list[int] = field(default_factory=list)
+    request: _Request | None = None
+    next_token: int = 0  # sampled, not yet fed to the model
+    session_id: str | None = None
+    last_used: int = 0
 
 
-def _check_request(prompt_ids: Sequence[int], sampling: SamplingParams, vocab_size: int) -> None:
-    if len(prompt_ids) == 0:
-        raise ValueError("prompt_ids is empty: the engine needs at least one prompt token")
-    if sampling.max_tokens < 1:
-        raise ValueError(f"sampling.max_tokens must be >= 1, got {sampling.max_tokens}")
-    bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"prompt_ids holds ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 class EmbeddedEngine:
-    """InferenceEngine backed by a Hugging Face causal LM living in this process."""
+    """InferenceEngine for Qwen2/Qwen3/Llama-shaped HF models living in this process; see the module docstring."""
 
     def __init__(
         self,
@@ -68,273 +89,337 @@ class EmbeddedEngine:
         pad_token_id: int,
         max_batch_size: int = 256,
         seed: int = 0,
+        detokenize: Detokenize | None = None,
+        gather_window_s: float = 0.02,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model.eval()
+        self.native = NativeCausalLM(model)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.pad_token_id = int(pad_token_id)
         self.max_batch_size = max_batch_size
+        self.detokenize = detokenize
+        self.gather_window_s = gather_window_s
         self.device = next(model.parameters()).device
         self._vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._version = 0
-        # One lock around decoding and weight updates: a batch never sees half-copied weights.
-        self._model_lock = threading.Lock()
-        self._abort = threading.Event()
-        self._closed = False
+        self._cache = self.native.new_cache(num_slots=8, max_len=128)
+        self._slots: list[_Slot] = []
+        self._tick = 0
+        self._model_lock = threading.Lock()  # held for each scheduler iteration and each weight update
+        self._cond = threading.Condition()  # guards _pending and _closed
         self._pending: list[_Request] = []
-        self._wakeup: asyncio.Event | None = None
-        self._server: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
         # Counters for tests and benchmarks.
-        self.num_batches = 0
+        self.num_batches = 0  # admission rounds that ran a prefill
         self.num_forwards = 0
+        self.num_prefill_tokens = 0
 
     @property
     def weight_version(self) -> int:
         return self._version
 
-    # ------------------------------------------------------------------ async API
+    # ------------------------------------------------------------------ public API
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None
     ) -> Generation:
-        """Queue one request; it is decoded together with whatever else is queued. session_id is unused yet."""
-        if self._closed:
-            raise RuntimeError("EmbeddedEngine is closed")
-        _check_request(prompt_ids, sampling, self._vocab_size)
-        self._ensure_server()
-        assert self._wakeup is not None
-        future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Request(list(prompt_ids), sampling, future))
-        self._wakeup.set()
-        return await future
+        """Queue one request. `session_id` keeps its cache slot for the session's next turn (multi-turn episodes)."""
+        future = self._submit([(prompt_ids, sampling, session_id)])[0]
+        return await asyncio.wrap_future(future)
+
+    def generate_batch(self, prompts: Sequence[Sequence[int]], samplings: Sequence[SamplingParams]) -> list[Generation]:
+        """Blocking: queue all prompts at once and wait for every result (safe to call from any thread)."""
+        if len(prompts) != len(samplings):
+            raise ValueError(f"got {len(prompts)} prompts but {len(samplings)} sampling params")
+        futures = self._submit([(p, s, None) for p, s in zip(prompts, samplings, strict=True)])
+        return [f.result() for f in futures]
 
     async def update_weights(self, source: WeightSource) -> int:
-        """Copy new weights in place (waits for the running batch to finish). Returns the new version."""
+        """Copy new weights in place between two decode steps. Returns the new version."""
         return await asyncio.to_thread(self.update_weights_sync, source)
 
-    async def close(self) -> None:
-        """Stop serving: the running batch ends with stop_reason "abort", queued requests get "abort" too."""
-        self._closed = True
-        self._abort.set()
-        if self._server is not None and self._wakeup is not None:
-            self._wakeup.set()
-            await self._server
-            self._server = None
-        for req in self._pending:
-            if not req.future.done():
-                req.future.set_result(self._aborted())
-        self._pending.clear()
-
-    # ------------------------------------------------------------------ request handling
-
-    def _ensure_server(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._server is not None and self._loop is loop and not self._server.done():
-            return
-        # First call, or the engine is reused from a new event loop (e.g. successive asyncio.run calls).
-        self._loop = loop
-        self._wakeup = asyncio.Event()
-        self._pending = [r for r in self._pending if not r.future.done() and r.future.get_loop() is loop]
-        self._server = loop.create_task(self._serve(), name="thermik-embedded-engine")
-
-    async def _serve(self) -> None:
-        assert self._wakeup is not None
-        while not self._closed:
-            await self._wakeup.wait()
-            await self._gather_window()
-            self._wakeup.clear()
-            if self._closed:
-                break
-            batch = [r for r in self._pending[: self.max_batch_size] if not r.future.done()]
-            del self._pending[: self.max_batch_size]
-            if self._pending:
-                self._wakeup.set()
-            if not batch:
-                continue
-            try:
-                results = await asyncio.to_thread(
-                    self.generate_batch, [r.prompt_ids for r in batch], [r.sampling for r in batch]
-                )
-            except Exception as exc:  # a failed batch fails its callers, not the server
-                for req in batch:
-                    if not req.future.done():
-                        req.future.set_exception(exc)
-                continue
-            for req, result in zip(batch, results, strict=True):
-                if not req.future.done():
-                    req.future.set_result(result)
-
-    async def _gather_window(self, quiet_s: float = 0.002, max_wait_s: float = 0.02) -> None:
-        """Wait until no new request arrived for `quiet_s` (at most `max_wait_s`): episodes return from their
-        tool calls at slightly different times, and one batch for all of them beats a batch per straggler."""
-        await asyncio.sleep(0)
-        deadline = time.perf_counter() + max_wait_s
-        seen = -1
-        while len(self._pending) != seen and len(self._pending) < self.max_batch_size:
-            seen = len(self._pending)
-            if time.perf_counter() >= deadline:
-                break
-            await asyncio.sleep(quiet_s)
-
-    def _aborted(self) -> Generation:
-        return Generation(token_ids=[], logprobs=[], stop_reason="abort", weight_version=self._version)
-
-    # ------------------------------------------------------------------ weights
-
     def update_weights_sync(self, source: WeightSource) -> int:
-        """Copy a state dict, a *.safetensors file or a directory of them into the model; bump the version."""
-        state = _load_state(source)
-        params = self.model.state_dict()
-        unknown = sorted(set(state) - set(params))
-        if unknown:
-            raise KeyError(f"weights not in the model: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
-        for name, tensor in state.items():
-            if tensor.shape != params[name].shape:
-                raise ValueError(
-                    f"weight {name!r} has shape {tuple(tensor.shape)}, the model has {tuple(params[name].shape)}"
-                )
-        with self._model_lock, torch.no_grad():
-            for name, tensor in state.items():
-                params[name].copy_(tensor)
+        state = load_state(source)
+        params = check_state(self.model, state)
+        with self._model_lock:
+            copy_state(params, state)
+            self.native.refresh()
+            for slot in self._slots:  # cached prefixes of finished requests were computed by the old weights
+                if slot.request is None:
+                    slot.tokens = []
             self._version += 1
             return self._version
 
-    # ------------------------------------------------------------------ decoding
+    async def close(self) -> None:
+        """Stop serving: running and queued requests end with stop_reason "abort"; new ones are refused."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        self._abort_all()
 
-    def generate_batch(self, prompts: Sequence[Sequence[int]], samplings: Sequence[SamplingParams]) -> list[Generation]:
-        """Decode prompts together (chunks of at most max_batch_size). Blocking; safe to call from a thread."""
-        if self._closed:
-            raise RuntimeError("EmbeddedEngine is closed")
-        if len(prompts) != len(samplings):
-            raise ValueError(f"got {len(prompts)} prompts but {len(samplings)} sampling params")
-        vocab = self._vocab_size
-        for prompt, sampling in zip(prompts, samplings, strict=True):
-            _check_request(prompt, sampling, vocab)
-        results: list[Generation] = []
-        for start in range(0, len(prompts), self.max_batch_size):
-            chunk = slice(start, start + self.max_batch_size)
-            with self._model_lock, torch.inference_mode():
-                self.num_batches += 1
-                results.extend(self._decode_loop(list(prompts[chunk]), list(samplings[chunk])))
-        return results
+    # ------------------------------------------------------------------ requests
 
-    def _new_rows(self, samplings: list[SamplingParams]) -> _Rows:
-        n, dev = len(samplings), self.device
-        return _Rows(
-            sampling=samplings,
-            stop_ids=[self.eos_token_ids | frozenset(s.stop_token_ids) for s in samplings],
-            generators=[None if s.seed is None else torch.Generator(device=dev).manual_seed(s.seed) for s in samplings],
-            temperature=torch.tensor([s.temperature for s in samplings], dtype=torch.float32, device=dev),
-            top_k=torch.tensor([s.top_k for s in samplings], dtype=torch.long, device=dev),
-            top_p=torch.tensor([s.top_p for s in samplings], dtype=torch.float32, device=dev),
-            min_p=torch.tensor([s.min_p for s in samplings], dtype=torch.float32, device=dev),
-            token_ids=[[] for _ in range(n)],
-            logprobs=[[] for _ in range(n)],
-            versions=[[] for _ in range(n)],
-            stop_reason=[None] * n,
-        )
+    def _submit(self, items: list[tuple[Sequence[int], SamplingParams, str | None]]) -> list[concurrent.futures.Future]:
+        for prompt_ids, sampling, _ in items:
+            check_request(prompt_ids, sampling, self._vocab_size)
+            if sampling.stop and self.detokenize is None:
+                raise ValueError("sampling.stop (stop strings) needs an engine built with detokenize=...")
+        requests = [
+            _Request(
+                prompt_ids=list(prompt_ids),
+                sampling=sampling,
+                session_id=session_id,
+                future=concurrent.futures.Future(),
+                stop_ids=self.eos_token_ids | frozenset(sampling.stop_token_ids),
+                generator=None if sampling.seed is None else torch.Generator(self.device).manual_seed(sampling.seed),
+            )
+            for prompt_ids, sampling, session_id in items
+        ]
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._pending.extend(requests)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="thermik-embedded-engine", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        return [r.future for r in requests]
 
-    def _forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: DynamicCache
-    ) -> torch.Tensor:
-        """One model call; returns float32 logits of the last position [B, V]."""
-        self.num_forwards += 1
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return out.logits[:, -1, :].float()
+    def _finish(self, req: _Request, reason: StopReason) -> None:
+        if not req.future.done():
+            req.future.set_result(req.result(reason, self._version))
 
-    def _decode_loop(self, prompts: list[list[int]], samplings: list[SamplingParams]) -> list[Generation]:
-        """Static batch: left-padded prefill, then one forward per step until every row is done."""
-        n, dev = len(prompts), self.device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long, device=dev)
-        attention_mask = torch.zeros((n, width), dtype=torch.long, device=dev)
-        for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long, device=dev)
-            attention_mask[i, width - len(prompt) :] = 1
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
-        cache = DynamicCache(config=self.model.config)
-        rows = self._new_rows(samplings)
-        done = torch.zeros(n, dtype=torch.bool, device=dev)
+    def _abort_all(self) -> None:
+        with self._cond:
+            pending, self._pending = self._pending, []
+        for req in pending:
+            self._finish(req, "abort")
+        for slot in self._slots:
+            if slot.request is not None:
+                self._finish(slot.request, "abort")
+                slot.request = None
 
-        logits = self._forward(input_ids, attention_mask, position_ids, cache)
-        next_pos = position_ids[:, -1:] + 1
-        for _ in range(max(s.max_tokens for s in samplings)):
-            if self._abort.is_set():
-                self._finish_aborted(rows)
+    # ------------------------------------------------------------------ scheduler
+
+    def _running(self) -> list[int]:
+        return [i for i, s in enumerate(self._slots) if s.request is not None]
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._pending and not self._running():
+                    self._cond.wait()
+                if self._closed:
+                    break
+            if not self._running():
+                self._gather_window()
+            try:
+                with self._model_lock, torch.inference_mode():
+                    self._admit()
+                    self._decode_step()
+            except Exception as exc:  # a failed step fails its requests, not the engine
+                for slot in self._slots:
+                    if slot.request is not None and not slot.request.future.done():
+                        slot.request.future.set_exception(exc)
+                    slot.request, slot.tokens = None, []
+        self._abort_all()
+
+    def _gather_window(self, quiet_s: float = 0.002) -> None:
+        """When idle, wait until requests stop arriving for `quiet_s` (at most gather_window_s): a burst of
+        episodes is admitted together, so its prefills batch and identical prompts share one."""
+        deadline = time.perf_counter() + self.gather_window_s
+        seen = -1
+        while time.perf_counter() < deadline:
+            with self._cond:
+                count = len(self._pending)
+            if count == seen or count >= self.max_batch_size:
                 break
-            ids, logp = self._pick(logits, rows)
-            self._record(rows, ids.tolist(), logp.tolist(), done)
-            if bool(done.all()):
+            seen = count
+            time.sleep(quiet_s)
+
+    def _take_pending(self) -> list[_Request]:
+        room = self.max_batch_size - len(self._running())
+        with self._cond:
+            live = [r for r in self._pending if not r.future.cancelled()]
+            taken, self._pending = live[:room], live[room:]
+        return taken
+
+    def _place(self, req: _Request, taken: set[int]) -> int | None:
+        """The slot for `req`: its session's slot, else the reusable slot sharing the longest prefix with it
+        (free before parked; parked ones are evicted least recently used first), else a new slot."""
+        for i, slot in enumerate(self._slots):
+            if req.session_id is not None and slot.session_id == req.session_id and slot.request is None:
+                return i
+        free = [i for i, s in enumerate(self._slots) if s.request is None and s.session_id is None and i not in taken]
+        if free:
+            return max(free, key=lambda i: (_common_prefix(self._slots[i].tokens, req.prompt_ids), -i))
+        if len(self._slots) < 2 * self.max_batch_size:
+            self._slots.append(_Slot())
+            self._cache.ensure(len(self._slots), self._cache.max_len)
+            return len(self._slots) - 1
+        parked = [i for i, s in enumerate(self._slots) if s.request is None and i not in taken]
+        return min(parked, key=lambda i: self._slots[i].last_used) if parked else None
+
+    def _admit(self) -> None:
+        requests = self._take_pending()
+        if not requests:
+            return
+        taken: set[int] = set()
+        leaders: dict[tuple[int, ...], int] = {}  # prompt -> slot prefilling it this round
+        prefill: list[tuple[int, int]] = []  # (slot, cached tokens already valid in it)
+        followers: list[tuple[int, int]] = []  # (slot, leader slot)
+        for n, req in enumerate(requests):
+            index = self._place(req, taken)
+            if index is None:  # every slot is busy: back to the queue
+                with self._cond:
+                    self._pending[:0] = requests[n:]
                 break
-            # Finished rows keep being fed pad tokens; their outputs are ignored.
-            feed = ids.masked_fill(done, self.pad_token_id).unsqueeze(-1)
-            attention_mask = torch.cat([attention_mask, torch.ones((n, 1), dtype=torch.long, device=dev)], dim=-1)
-            logits = self._forward(feed, attention_mask, next_pos, cache)
-            next_pos = next_pos + 1
-        return [self._to_generation(rows, i) for i in range(n)]
-
-    def _pick(self, logits: torch.Tensor, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample the next token per row and its logprob under the unfiltered (temperature-scaled) distribution."""
-        filtered = process_logits(logits, rows.temperature, rows.top_k, rows.top_p, rows.min_p)
-        ids = sample(filtered, self._generator, rows.generators)
-        return ids, token_logprobs(logits, ids, rows.temperature)
-
-    def _record(self, rows: _Rows, ids: list[int], logp: list[float], done: torch.Tensor) -> None:
-        """Append this step's token to every unfinished row; mark rows that hit a stop token or max_tokens."""
-        version = self._version
-        for i, (tok, lp) in enumerate(zip(ids, logp, strict=True)):
-            if rows.stop_reason[i] is not None:
+            taken.add(index)
+            slot = self._slots[index]
+            slot.request, slot.session_id = req, req.session_id
+            key = tuple(req.prompt_ids)
+            if key in leaders:
+                followers.append((index, leaders[key]))
                 continue
-            rows.token_ids[i].append(tok)
-            rows.logprobs[i].append(lp)
-            rows.versions[i].append(version)
-            if tok in rows.stop_ids[i]:
-                rows.stop_reason[i] = "stop"
-            elif len(rows.token_ids[i]) >= rows.sampling[i].max_tokens:
-                rows.stop_reason[i] = "length"
-            if rows.stop_reason[i] is not None:
-                done[i] = True
+            leaders[key] = index
+            cached = min(_common_prefix(slot.tokens, req.prompt_ids), len(req.prompt_ids) - 1)
+            donor, shared = self._best_donor(req.prompt_ids, exclude=taken)
+            if shared > cached:
+                self._cache.copy_slot(donor, index, shared)
+                cached = shared
+            slot.tokens = req.prompt_ids[:cached]
+            prefill.append((index, cached))
+        if not prefill:
+            return
+        logits = self._prefill(prefill)
+        rows = {index: logits[r] for r, (index, _) in enumerate(prefill)}
+        for index, leader in followers:
+            self._cache.copy_slot(leader, index, len(self._slots[leader].tokens))
+            self._slots[index].tokens = list(self._slots[leader].tokens)
+            rows[index] = rows[leader]
+        order = sorted(rows)
+        self._sample_and_record(order, torch.stack([rows[i] for i in order]))
 
-    def _finish_aborted(self, rows: _Rows) -> None:
-        for i, reason in enumerate(rows.stop_reason):
-            if reason is None:
-                rows.stop_reason[i] = "abort"
+    def _best_donor(self, prompt: list[int], exclude: set[int]) -> tuple[int, int]:
+        best, shared = -1, 0
+        for i, slot in enumerate(self._slots):
+            if i in exclude or not slot.tokens:
+                continue
+            n = _common_prefix(slot.tokens, prompt)
+            if n > shared:
+                best, shared = i, n
+        return best, min(shared, len(prompt) - 1)
 
-    def _to_generation(self, rows: _Rows, i: int) -> Generation:
-        versions = rows.versions[i]
-        reason = rows.stop_reason[i]
-        assert reason is not None, "decode loop ended with an unfinished row"
-        return Generation(
-            token_ids=rows.token_ids[i],
-            logprobs=rows.logprobs[i],
-            stop_reason=reason,
-            weight_version=versions[-1] if versions else self._version,
-            weight_versions=versions,
+    def _prefill(self, prefill: list[tuple[int, int]]) -> torch.Tensor:
+        """One forward over the uncached prompt tokens of every admitted leader; logits at each prompt's end."""
+        news = [self._slots[i].request.prompt_ids[cached:] for i, cached in prefill]
+        width = max(len(t) for t in news)
+        tokens = torch.full((len(news), width), self.pad_token_id, dtype=torch.long)
+        for r, new in enumerate(news):
+            tokens[r, : len(new)] = torch.tensor(new)
+        starts = torch.tensor([cached for _, cached in prefill])
+        last = torch.tensor([len(t) - 1 for t in news])
+        self._cache.ensure(len(self._slots), int((starts + width).max()) + 1)
+        logits = self.native.forward(tokens, torch.tensor([i for i, _ in prefill]), starts, last, self._cache)
+        for (index, _), new in zip(prefill, news, strict=True):
+            self._slots[index].tokens.extend(new)
+        self.num_batches += 1
+        self.num_forwards += 1
+        self.num_prefill_tokens += sum(len(t) for t in news)
+        return logits
+
+    def _decode_step(self) -> None:
+        """Feed every running sequence its last sampled token; sample the next one."""
+        running = [i for i in self._running() if not self._drop_cancelled(i)]
+        if not running:
+            return
+        hi = running[-1] + 1
+        dense = 2 * len(running) >= hi  # mostly-busy rows: compute on the contiguous slice, reading views
+        index = list(range(hi)) if dense else running
+        tokens = torch.tensor([[self._slots[i].next_token] for i in index])
+        starts = torch.tensor([len(self._slots[i].tokens) for i in index])
+        self._cache.ensure(len(self._slots), int(starts.max()) + 2)
+        rows = slice(0, hi) if dense else torch.tensor(running)
+        logits = self.native.forward(tokens, rows, starts, torch.zeros(len(index), dtype=torch.long), self._cache)
+        self.num_forwards += 1
+        for i in running:
+            self._slots[i].tokens.append(self._slots[i].next_token)
+        self._sample_and_record(running, logits[running] if dense else logits)
+
+    def _drop_cancelled(self, index: int) -> bool:
+        slot = self._slots[index]
+        if slot.request is not None and slot.request.future.cancelled():
+            slot.request = None
+            return True
+        return False
+
+    def _sample_and_record(self, indices: list[int], logits: torch.Tensor) -> None:
+        requests = [self._slots[i].request for i in indices]
+        params = [r.sampling for r in requests]
+        temperature = torch.tensor([p.temperature for p in params])
+        filtered = process_logits(
+            logits,
+            temperature,
+            torch.tensor([p.top_k for p in params]),
+            torch.tensor([p.top_p for p in params]),
+            torch.tensor([p.min_p for p in params]),
         )
+        ids = sample(filtered, self._generator, [r.generator for r in requests])
+        logp = token_logprobs(logits, ids, temperature).tolist()
+        top = self._top_logprobs(logits, temperature, params)
+        self._tick += 1
+        for row, (index, req, token) in enumerate(zip(indices, requests, ids.tolist(), strict=True)):
+            req.token_ids.append(token)
+            req.logprobs.append(logp[row])
+            req.versions.append(self._version)
+            if top is not None and params[row].top_logprobs:
+                k = params[row].top_logprobs
+                req.top_logprobs.append(dict(zip(top[1][row, :k].tolist(), top[0][row, :k].tolist(), strict=True)))
+            reason = self._stop_reason(req, token)
+            slot = self._slots[index]
+            slot.next_token, slot.last_used = token, self._tick
+            if reason is not None:
+                self._finish(req, reason)
+                slot.request = None
+
+    def _top_logprobs(
+        self, logits: torch.Tensor, temperature: torch.Tensor, params: list[SamplingParams]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        k = max(p.top_logprobs for p in params)
+        if k == 0:
+            return None
+        temp = torch.where(temperature == 0, torch.ones_like(temperature), temperature)
+        return (logits / temp[:, None]).log_softmax(-1).topk(min(k, logits.shape[-1]), dim=-1)
+
+    def _stop_reason(self, req: _Request, token: int) -> StopReason | None:
+        if token in req.stop_ids:
+            return "stop"
+        if req.sampling.stop and self.detokenize is not None:
+            text = self.detokenize(req.token_ids)
+            if any(s in text for s in req.sampling.stop):
+                return "stop"
+        if len(req.token_ids) >= req.sampling.max_tokens:
+            return "length"
+        if len(req.prompt_ids) + len(req.token_ids) >= self.native.max_positions:
+            return "length"
+        return None
 
 
-def _load_state(source: WeightSource) -> dict[str, torch.Tensor]:
-    if isinstance(source, dict):
-        return source
-    path = Path(source)
-    if path.is_file() and path.suffix == ".safetensors":
-        return load_file(str(path))
-    if path.is_dir():
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors files in {path}")
-        state: dict[str, torch.Tensor] = {}
-        for file in files:
-            state.update(load_file(str(file)))
-        return state
-    raise FileNotFoundError(f"weight source {path} is neither a *.safetensors file nor a directory")
+def embedded_engine(model: PreTrainedModel, **kwargs) -> EmbeddedEngine | HFEngine:
+    """The embedded engine for `model`: native continuous batching when supported, else transformers (warned)."""
+    reason = unsupported_reason(model)
+    if reason is None:
+        return EmbeddedEngine(model, **kwargs)
+    warnings.warn(
+        f"embedded engine: {reason}; falling back to static batches on transformers (slower, no session reuse)",
+        stacklevel=2,
+    )
+    kwargs.pop("detokenize", None)
+    kwargs.pop("gather_window_s", None)
+    return HFEngine(model, **kwargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,7 @@ async def run_episode(
         raise PromptTooLongError(f"prompt has {len(prompt_ids)} tokens > rollout.max_input_length")
     traj = Trajectory(prompt_ids=prompt_ids, group_id=group_id, messages=list(messages))
     turns: list[list[int]] = []
+    session_id = uuid.uuid4().hex  # the engine keeps this episode's cache between turns
     traj.stop_reason = "max_turns"
     overlong = False
     for turn in range(limits.max_turns):
@@ -74,7 +76,7 @@ async def run_episode(
             break
         params = sampling_params(sampling, max_tokens, chat.stop_ids, None if seed is None else seed + 7919 * turn)
         t0 = time.perf_counter()
-        gen = await engine.generate(prompt_ids + traj.response_ids, params)
+        gen = await engine.generate(prompt_ids + traj.response_ids, params, session_id)
         traj.timings["llm"] += time.perf_counter() - t0
         start = len(traj.response_ids)
         turns.append(list(gen.token_ids))

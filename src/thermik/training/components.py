@@ -14,7 +14,8 @@ from thermik.data.dataset import load_rows
 from thermik.data.synthetic import generate_rows
 from thermik.envs.base import Env
 from thermik.envs.registry import make
-from thermik.inference.embedded import EmbeddedEngine
+from thermik.inference.base import InferenceEngine
+from thermik.inference.embedded import embedded_engine
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.rollout.agent_loop import EnvFactory
 from thermik.rollout.tokenization import ChatTokenizer
@@ -31,7 +32,7 @@ def load_policy(cfg: ModelConfig) -> tuple[torch.nn.Module, ChatTokenizer]:
     return model, ChatTokenizer(load_tokenizer(cfg.path))
 
 
-def build_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig) -> EmbeddedEngine:
+def build_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig) -> InferenceEngine:
     """The engine owns its own copy of the weights; the trainer pushes updates into it (weight sync)."""
     if cfg.backend != "embedded":
         raise ValueError(f"inference.backend={cfg.backend!r} is not available yet; use 'embedded'")
@@ -39,8 +40,13 @@ def build_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceCon
     for p in engine_model.parameters():
         p.requires_grad_(False)
     pad = chat.tokenizer.pad_token_id if chat.tokenizer.pad_token_id is not None else chat.eos_id
-    return EmbeddedEngine(
-        engine_model, eos_token_ids=chat.stop_ids, pad_token_id=pad, max_batch_size=cfg.max_batch_size, seed=cfg.seed
+    return embedded_engine(
+        engine_model,
+        eos_token_ids=chat.stop_ids,
+        pad_token_id=pad,
+        max_batch_size=cfg.max_batch_size,
+        seed=cfg.seed,
+        detokenize=chat.tokenizer.decode,
     )
 
 
