@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from thermik.inference.base import Generation, SamplingParams
 from thermik.inference.embedded import EmbeddedEngine
@@ -38,10 +46,12 @@ def tiny_model(arch: str, seed: int = 0) -> PreTrainedModel:
         return Qwen2ForCausalLM(Qwen2Config(**common)).eval()
     if arch == "llama":
         return LlamaForCausalLM(LlamaConfig(**common, head_dim=16)).eval()
+    if arch == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**common, head_dim=16)).eval()
     raise ValueError(f"unknown arch {arch!r}")
 
 
-@pytest.fixture(scope="module", params=["qwen2", "llama"])
+@pytest.fixture(scope="module", params=["qwen2", "qwen3", "llama"])
 def model(request: pytest.FixtureRequest) -> PreTrainedModel:
     return tiny_model(request.param)
 

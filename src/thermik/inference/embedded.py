@@ -91,6 +91,7 @@ class EmbeddedEngine:
         seed: int = 0,
         detokenize: Detokenize | None = None,
         gather_window_s: float = 0.02,
+        reuse_prefixes: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -101,6 +102,7 @@ class EmbeddedEngine:
         self.max_batch_size = max_batch_size
         self.detokenize = detokenize
         self.gather_window_s = gather_window_s
+        self.reuse_prefixes = reuse_prefixes  # False: every request prefills its whole prompt (for benchmarks)
         self.device = next(model.parameters()).device
         self._vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -147,7 +149,6 @@ class EmbeddedEngine:
         params = check_state(self.model, state)
         with self._model_lock:
             copy_state(params, state)
-            self.native.refresh()
             for slot in self._slots:  # cached prefixes of finished requests were computed by the old weights
                 if slot.request is None:
                     slot.tokens = []
@@ -283,13 +284,14 @@ class EmbeddedEngine:
             taken.add(index)
             slot = self._slots[index]
             slot.request, slot.session_id = req, req.session_id
-            key = tuple(req.prompt_ids)
+            key = tuple(req.prompt_ids) if self.reuse_prefixes else (n,)
             if key in leaders:
                 followers.append((index, leaders[key]))
                 continue
             leaders[key] = index
             cached = min(_common_prefix(slot.tokens, req.prompt_ids), len(req.prompt_ids) - 1)
-            donor, shared = self._best_donor(req.prompt_ids, exclude=taken)
+            donor, shared = self._best_donor(req.prompt_ids, exclude=taken) if self.reuse_prefixes else (-1, 0)
+            cached = cached if self.reuse_prefixes else 0
             if shared > cached:
                 self._cache.copy_slot(donor, index, shared)
                 cached = shared

@@ -2,9 +2,9 @@
 
 transformers' decoder spends most of a small model's decode step in Python overhead (mask building, cache
 objects, module hooks). This module runs the same arithmetic with a handful of fused tensor ops per layer,
-reading the weights of the HF model itself, so a weight update of the model is seen here at once (fused
-projections are re-derived when the engine's weight version changes). Attention reads a `SlotKVCache`:
-row r of the batch is cache slot `slots[r]`, and its query tokens sit at positions `starts[r] + t`.
+reading the weights of the HF model itself: the q/k/v and gate/up parameters are re-pointed to views of fused
+tensors, so a weight update copied into the model is seen here at once, with no re-fusing. Attention reads a
+`SlotKVCache`: row r of the batch is cache slot `slots[r]`; its query tokens sit at positions `starts[r] + t`.
 """
 
 from __future__ import annotations
@@ -35,20 +35,33 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     return None
 
 
+def _fuse(modules: list[torch.nn.Linear], name: str) -> Tensor | None:
+    """One tensor holding the modules' `name` parameters stacked on dim 0, which the parameters become views
+    of: a weight update copied into the model writes straight into the fused tensor."""
+    params = [getattr(m, name) for m in modules]
+    if params[0] is None:
+        return None
+    fused = torch.cat([p.detach() for p in params])
+    start = 0
+    for p in params:
+        p.data = fused[start : start + p.shape[0]]
+        start += p.shape[0]
+    return fused
+
+
 class _Layer:
-    """Fused weights of one decoder layer (views/cats of the HF parameters)."""
+    """Fused projections of one decoder layer (the HF parameters are views of them)."""
 
     def __init__(self, layer: torch.nn.Module) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.in_norm = layer.input_layernorm
         self.post_norm = layer.post_attention_layernorm
-        self.qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
-        biases = [p.bias for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
-        self.qkv_b = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+        self.qkv_w = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "weight")
+        self.qkv_b = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias")
         self.o = attn.o_proj
         self.q_norm = getattr(attn, "q_norm", None)
         self.k_norm = getattr(attn, "k_norm", None)
-        self.gate_up_w = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
+        self.gate_up_w = _fuse([mlp.gate_proj, mlp.up_proj], "weight")
         self.down = mlp.down_proj
 
 
@@ -76,15 +89,10 @@ class NativeCausalLM:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.num_layers = cfg.num_hidden_layers
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 32768))
-        self._cos = self._sin = torch.empty(0)
-        self.refresh()
-
-    def refresh(self) -> None:
-        """Re-derive fused weights and the RoPE table from the model's current parameters."""
-        inner = self.model.model
+        inner = model.model
         self.embed = inner.embed_tokens
         self.final_norm = inner.norm
-        self.lm_head = self.model.lm_head
+        self.lm_head = model.lm_head
         self.layers = [_Layer(layer) for layer in inner.layers]
         device = self.lm_head.weight.device
         positions = torch.arange(self.max_positions, device=device)[None]
