@@ -88,6 +88,16 @@ class TrainerConfig(Section):
     group_size: int = Field(8, ge=1, description="Samples per prompt (a group).")
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per RL step (the batch is split in this many).")
     micro_batch_size: int = Field(16, ge=1, description="Sequences per forward/backward; does not change gradients.")
+    max_off_policy_steps: int = Field(
+        0,
+        ge=0,
+        description="Asynchronous training: a sample of weight version v trains the policy of version s only if "
+        "s - v <= this; 0 is synchronous, 1 one-step-off.",
+    )
+    stale_groups: Literal["drop", "cancel"] = Field(
+        "drop",
+        description="Async: in-flight groups that can no longer meet the bound are finished and dropped, or cancelled.",
+    )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer.")
 
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 LOSS_KEYS = ("policy/loss", "policy/kl", "policy/grad_norm", "policy/clip_frac")
-_X_LABELS = {"step": "RL step", "timestamp": "wall time (s)"}
+_X_LABELS = {"step": "RL step", "timestamp": "wall time (s)", "progress/samples": "samples trained"}
 
 
 def series(records: Sequence[dict[str, Any]], x_key: str, y_key: str) -> tuple[list[float], list[float]]:
@@ -139,8 +139,12 @@ def _plot_loss(records: list[dict[str, Any]], out_path: Path) -> Path | None:
 
 
 def plot_run(metrics_path: str | Path, out_dir: str | Path) -> list[Path]:
-    """Write `out_dir/plots/reward.png` and `out_dir/plots/loss.png` (each only when its metrics exist)."""
+    """Write `out_dir/plots/reward.png`, `loss.png`, and `reward_vs_samples.png` / `reward_vs_time.png` (each only
+    when its metrics exist)."""
     records = read_metrics(metrics_path)
     plots_dir = Path(out_dir) / "plots"
     written = [_plot_reward(records, plots_dir / "reward.png"), _plot_loss(records, plots_dir / "loss.png")]
+    if series(records, "progress/samples", "reward/mean")[0]:
+        for x_key, name in (("progress/samples", "reward_vs_samples.png"), ("timestamp", "reward_vs_time.png")):
+            written.append(plot_series(records, x_key, ["reward/mean"], plots_dir / name, title="train reward"))
     return [p for p in written if p is not None]

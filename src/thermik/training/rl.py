@@ -1,4 +1,8 @@
-"""Synchronous GRPO: rollout -> rewards -> advantages -> update -> weight sync -> log, one step at a time."""
+"""GRPO: rollout -> rewards -> advantages -> update -> weight sync -> log, one step at a time.
+
+Synchronous by default; with trainer.max_off_policy_steps > 0 a `GroupProducer` keeps generating groups while
+the trainer trains (bounded staleness), and the update takes the rollout logprobs as the behaviour policy.
+"""
 
 from __future__ import annotations
 
@@ -24,11 +28,12 @@ from thermik.monitor.progress import StepProgress, print_table
 from thermik.rollout.agent_loop import EnvFactory, LoopLimits, rollout_rows
 from thermik.rollout.metrics import rollout_metrics
 from thermik.rollout.tokenization import ChatTokenizer
-from thermik.rollout.trajectory import dump_trajectories
+from thermik.rollout.trajectory import Trajectory, dump_trajectories
 from thermik.tools.mcp_pool import close_default_pool
 from thermik.training import components
 from thermik.training.batch import collate
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
+from thermik.training.group_producer import GroupProducer
 from thermik.training.optim import build_optimizer
 from thermik.training.update import policy_update
 
@@ -51,6 +56,7 @@ class RLRun:
     checkpoints: CheckpointManager
     logger: MetricsLogger
     start_step: int = 0
+    producer: GroupProducer | None = None  # asynchronous mode only
 
 
 def setup(cfg: RunConfig) -> RLRun:
@@ -93,19 +99,10 @@ def setup(cfg: RunConfig) -> RLRun:
 async def rl_step(run: RLRun, step: int) -> dict[str, float]:
     cfg = run.cfg
     t_step = time.perf_counter()
-    # 1. Rollout: n samples per prompt, all episodes of the batch concurrently.
-    rows = run.sampler.next_batch(cfg.trainer.prompts_per_step)
+    # 1. Rollout: n samples per prompt (sync: all episodes of the batch now, concurrently; async: the oldest
+    #    admissible groups the producer made meanwhile).
     t0 = time.perf_counter()
-    trajs = await rollout_rows(
-        run.engine,
-        run.make_env,
-        run.chat,
-        rows,
-        cfg.trainer.group_size,
-        run.limits,
-        cfg.rollout.sampling,
-        seed=cfg.seed * 1_000_003 + step * 10_007,
-    )
+    trajs, async_metrics = await _collect(run, step)
     t_generate = time.perf_counter() - t0
     # 2. Rewards -> group-relative advantages, one per trajectory.
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
@@ -115,7 +112,8 @@ async def rl_step(run: RLRun, step: int) -> dict[str, float]:
     # 3. Policy update on exactly the sampled token ids.
     t0 = time.perf_counter()
     batch = collate(trajs, adv, run.chat.tokenizer.pad_token_id or 0)
-    update_metrics = policy_update(
+    update_metrics = await asyncio.to_thread(  # a thread: async rollouts and tool calls go on meanwhile
+        policy_update,
         run.policy,
         run.ref,
         batch,
@@ -124,11 +122,14 @@ async def rl_step(run: RLRun, step: int) -> dict[str, float]:
         run.optimizer,
         run.scheduler,
         cfg.rollout.sampling.temperature or 1.0,
+        rollout_is_behaviour=run.producer is not None,
     )
     t_train = time.perf_counter() - t0
     # 4. Weight sync: trainer weights -> engine, version + 1.
     t0 = time.perf_counter()
     version = await run.engine.update_weights(run.policy.state_dict())
+    if run.producer is not None:
+        await run.producer.weights_updated()
     t_sync = time.perf_counter() - t0
     # 5. Log.
     sampled_tokens = sum(t.num_generated_tokens for t in trajs)
@@ -137,6 +138,7 @@ async def rl_step(run: RLRun, step: int) -> dict[str, float]:
         **rollout_metrics(trajs),
         **{k: float(v) for k, v in adv_metrics.items()},
         **update_metrics,
+        **async_metrics,
         "weights/version": float(version),
         "time/generate": t_generate,
         "time/train": t_train,
@@ -149,6 +151,44 @@ async def rl_step(run: RLRun, step: int) -> dict[str, float]:
     if dump_every and (step + 1) % dump_every == 0:
         dump_trajectories(cfg.run_dir / "trajectories" / f"step_{step + 1}.jsonl", trajs)
     return metrics
+
+
+async def _collect(run: RLRun, step: int) -> tuple[list[Trajectory], dict[str, float]]:
+    cfg = run.cfg
+    if run.producer is None:
+        rows = run.sampler.next_batch(cfg.trainer.prompts_per_step)
+        seed = cfg.seed * 1_000_003 + step * 10_007
+        sampling = cfg.rollout.sampling
+        trajs = await rollout_rows(
+            run.engine, run.make_env, run.chat, rows, cfg.trainer.group_size, run.limits, sampling, seed=seed
+        )
+        return trajs, {}
+    groups, metrics = await run.producer.next_batch()
+    for group_id, group in enumerate(groups):
+        for traj in group.trajectories:
+            traj.group_id = group_id
+    return [t for g in groups for t in g.trajectories], metrics
+
+
+def _start_producer(run: RLRun) -> GroupProducer:
+    cfg = run.cfg
+
+    async def rollout_group(row: dict[str, Any], index: int) -> list[Trajectory]:
+        seed = cfg.seed * 1_000_003 + index * 10_007
+        return await rollout_rows(
+            run.engine, run.make_env, run.chat, [row], cfg.trainer.group_size, run.limits, cfg.rollout.sampling, seed
+        )
+
+    producer = GroupProducer(
+        rollout_group,
+        run.sampler,
+        cfg.trainer.prompts_per_step,
+        cfg.trainer.max_off_policy_steps,
+        lambda: run.engine.weight_version,
+        stale=cfg.trainer.stale_groups,
+    )
+    producer.start()
+    return producer
 
 
 async def _evaluate(run: RLRun, label: str) -> EvalResult:
@@ -185,16 +225,22 @@ async def train(cfg: RunConfig) -> dict[str, Any]:
             before = None
         if run.start_step:
             await run.engine.update_weights(run.policy.state_dict())
+        if cfg.trainer.max_off_policy_steps > 0:
+            run.producer = _start_producer(run)
+        samples_per_step = cfg.trainer.prompts_per_step * cfg.trainer.group_size
         with StepProgress(cfg.trainer.steps, f"GRPO {cfg.env.name}", cfg.monitor.progress) as progress:
             progress.update(run.start_step)
             for step in range(run.start_step, cfg.trainer.steps):
                 metrics = await rl_step(run, step)
+                metrics["progress/samples"] = float((step + 1) * samples_per_step)
                 if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.trainer.steps:
                     metrics.update((await _evaluate(run, f"step_{step + 1}")).as_metrics())
                 run.logger.log(step + 1, metrics)
                 progress.update(step + 1, {"reward": metrics["reward/mean"], "step_s": metrics["time/step"]})
                 if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
                     _save_checkpoint(run, step + 1)
+        if run.producer is not None:
+            await run.producer.stop()
         after = await _evaluate(run, "after")
         run.logger.log(cfg.trainer.steps, after.as_metrics())
         if not cfg.checkpoint.every or cfg.trainer.steps % cfg.checkpoint.every:
@@ -204,6 +250,8 @@ async def train(cfg: RunConfig) -> dict[str, Any]:
         _print_summary(cfg, before, after)
         return {"before": None if before is None else before.__dict__, "after": after.__dict__}
     finally:
+        if run.producer is not None:
+            await run.producer.stop()
         run.logger.close()
         await run.engine.close()
         await close_default_pool()

@@ -48,13 +48,20 @@ def policy_update(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     temperature: float,
+    rollout_is_behaviour: bool = False,
 ) -> dict[str, float]:
+    """One update. `rollout_is_behaviour`: the samples came from older weights (asynchronous training), so the
+    PPO ratio is taken against the rollout logprobs rather than the current policy's."""
     policy.train()
     loss_fn = registry.get("policy_loss", alg.loss)
     reduce_fn = registry.get("reduction", alg.reduction)
     # With one optimizer step per batch the behaviour policy is the current one: old_logp = logp.detach().
     old_all = (
-        _logprobs_no_grad(policy, batch, trainer.micro_batch_size, temperature) if trainer.mini_batches > 1 else None
+        batch.rollout_logp
+        if rollout_is_behaviour
+        else _logprobs_no_grad(policy, batch, trainer.micro_batch_size, temperature)
+        if trainer.mini_batches > 1
+        else None
     )
     ref_all = _logprobs_no_grad(ref, batch, trainer.micro_batch_size, temperature) if ref is not None else None
     sums: dict[str, float] = defaultdict(float)
