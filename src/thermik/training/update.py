@@ -141,12 +141,12 @@ def policy_update(
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), trainer.optimizer.max_grad_norm))
         if guard.ok(mini_loss, grad_norm):
             optimizer.step()
+            scheduler.step()
             sums["policy/grad_norm"] += grad_norm / trainer.mini_batches
-        else:
+        else:  # a NaN/inf step is not taken: parameters, optimizer state and schedule stay as they were
             optimizer.zero_grad(set_to_none=True)
             sums["health/skipped_steps"] += 1
         sums["policy/loss"] += mini_loss / trainer.mini_batches
-        scheduler.step()
     return _finish_metrics(sums, max(batch.num_tokens, 1), scheduler.get_last_lr()[0])
 
 
