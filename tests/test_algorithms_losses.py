@@ -42,7 +42,10 @@ def _inputs(ratios: list[list[float]], adv: list[list[float]], mask: list[list[f
     return logp, old, a, m
 
 
-def _run(fn, inputs, params: LossParams = LossParams()):
+DEFAULT = LossParams()
+
+
+def _run(fn, inputs, params: LossParams = DEFAULT):
     logp, old, adv, mask = inputs
     loss, metrics = fn(logp, old, adv, mask, params, token_mean)
     loss.backward()
@@ -225,7 +228,7 @@ def test_custom_loss_from_import_path(tmp_path, monkeypatch) -> None:
     logp = torch.tensor([[-1.0, -2.0]])
     loss, _ = fn(logp, logp, torch.ones(1, 2), torch.ones(1, 2), LossParams(), token_mean)
     assert loss.item() == pytest.approx(0.75)  # -0.5 * (-1 - 2) / 2
-    with pytest.raises(ValueError, match="package.module:function"):
+    with pytest.raises(ValueError, match=r"package\.module:function"):
         policy_loss("custom", "my_losses.half_pg")
     with pytest.raises(ValueError, match="cannot import module 'no_such_mod'"):
         policy_loss("custom", "no_such_mod:f")
