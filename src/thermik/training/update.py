@@ -137,7 +137,7 @@ def policy_update(
                 sums[key] += float(value) * n
             if m_index > 0:  # the policy has stepped on this batch: the ratio now measures the update
                 sums["health/ratio_std_updated"] += float(m["policy/ratio_std"]) * n
-                sums["health/updated_tokens"] += n
+                sums["health/ratio_updated_tokens"] += n
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), trainer.optimizer.max_grad_norm))
         if guard.ok(mini_loss, grad_norm):
             optimizer.step()
@@ -153,9 +153,9 @@ def policy_update(
 def _finish_metrics(sums: dict[str, float], total_tokens: int, lr: float) -> dict[str, float]:
     """Token-weighted sums -> means; loss, grad norm and skipped steps stay as accumulated."""
     as_is = ("policy/loss", "policy/grad_norm", "health/skipped_steps")
-    out = {k: (v if k in as_is else v / total_tokens) for k, v in sums.items() if not k.startswith("health/updated")}
-    updated = sums.get("health/updated_tokens", 0.0)
-    if updated:
+    out = {k: (v if k in as_is else v / total_tokens) for k, v in sums.items() if not k.startswith("health/ratio")}
+    updated = sums.get("health/ratio_updated_tokens", 0.0)
+    if updated:  # absent when no token was measured: nothing to conclude
         out["health/ratio_std_updated"] = sums["health/ratio_std_updated"] / updated
     out.setdefault("health/skipped_steps", 0.0)
     out.setdefault("policy/grad_norm", 0.0)
