@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 
@@ -14,7 +15,7 @@ from thermik.data.synthetic import generate_rows
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.registry import register, unregister
 from thermik.models.loading import load_model
-from thermik.training.rl import run_rl
+from thermik.training.rl import run_rl, setup
 
 
 class LetterShareEnv(Env):
@@ -93,7 +94,8 @@ def test_many_options_through_the_loop(tmp_path, stopping_model_dir, letter_env)
         "overlong_buffer": 4,
         "length_penalty_coef": 0.1,
     }
-    run_rl(_config(tmp_path, stopping_model_dir, letter_env, algorithm, {"mini_batches": 2, "micro_batch_size": 3}))
+    cfg = _config(tmp_path, stopping_model_dir, letter_env, algorithm, {"mini_batches": 2, "micro_batch_size": 3})
+    run_rl(cfg)
     steps = _metrics(tmp_path)
     assert len(steps) == 2
     for m in steps:
@@ -101,6 +103,15 @@ def test_many_options_through_the_loop(tmp_path, stopping_model_dir, letter_env)
         assert m["off_policy/weight_mean"] > 0 and "health/ratio_std_updated" in m
         assert m["policy/kl_coef"] != 0.05  # the adaptive controller moved it (KL measured in reward mode)
         assert m["health/skipped_steps"] == 0
+    # the adaptive KL weight is checkpointed and a resumed run goes on from it
+    state = json.loads((tmp_path / "algos" / "checkpoints" / "step_2" / "trainer_state.json").read_text())
+    assert state["extra"]["kl_coef"] == pytest.approx(steps[-1]["policy/kl_coef"])
+    run = setup(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"steps": 3})}))
+    try:
+        assert run.start_step == 2 and run.algo.kl.value == pytest.approx(steps[-1]["policy/kl_coef"])
+    finally:
+        run.logger.close()
+        asyncio.run(run.engine.close())
 
 
 @pytest.mark.slow

@@ -87,6 +87,7 @@ def setup(cfg: RunConfig) -> RLRun:
         run.start_step = int(extra["step"])
         run.sampler.load_state_dict(extra["sampler"])
         scheduler.load_state_dict(extra["scheduler"])
+        run.algo.kl.value = float(extra.get("kl_coef", run.algo.kl.value))  # the adaptive KL weight goes on
         run.logger.truncate_after(run.start_step + 1)  # steps <= start_step are done and kept
         print(f"resumed {cfg.run_dir} from {latest.name} (step {run.start_step} of {cfg.trainer.steps})")
     return run
@@ -197,7 +198,12 @@ async def _evaluate(run: RLRun, label: str) -> EvalResult:
 
 
 def _save_checkpoint(run: RLRun, step: int) -> None:
-    extra = {"step": step, "sampler": run.sampler.state_dict(), "scheduler": run.scheduler.state_dict()}
+    extra = {
+        "step": step,
+        "sampler": run.sampler.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "kl_coef": run.algo.kl.value,
+    }
     run.checkpoints.save(step, lambda d: save_training_state(d, run.policy, run.optimizer, step, extra=extra))
 
 
