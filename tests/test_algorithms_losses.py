@@ -236,3 +236,15 @@ def test_custom_loss_from_import_path(tmp_path, monkeypatch) -> None:
         policy_loss("custom", "my_losses:missing")
     with pytest.raises(ValueError, match="must accept"):
         policy_loss("custom", "my_losses:wrong")
+
+
+def test_custom_loss_config_needs_its_path() -> None:
+    from pydantic import ValidationError
+
+    from thermik.config.schema import AlgorithmConfig
+
+    with pytest.raises(ValidationError, match="custom_loss must be set exactly when"):
+        AlgorithmConfig(loss="custom")
+    with pytest.raises(ValidationError, match="custom_loss must be set exactly when"):
+        AlgorithmConfig(loss="ppo", custom_loss="pkg.mod:fn")
+    assert AlgorithmConfig(loss="custom", custom_loss="pkg.mod:fn").custom_loss == "pkg.mod:fn"
