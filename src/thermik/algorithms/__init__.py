@@ -1,15 +1,56 @@
-"""thermik.algorithms: advantages, policy losses, KL estimators and reductions as pure tensor functions."""
+"""thermik.algorithms: advantages, policy losses, KL, reductions, off-policy weights and batch shaping as pure
+tensor functions; see docs/algorithms.md for the table of names, formulas and papers."""
 
-from thermik.algorithms.advantages import broadcast_to_tokens, dr_grpo_advantages, grpo_advantages
-from thermik.algorithms.kl import kl_abs, kl_k1, kl_k2, kl_k3
-from thermik.algorithms.losses import entropy_from_logits, ppo_clip_loss
-from thermik.algorithms.reductions import sequence_mean, token_mean
+from thermik.algorithms.advantages import (
+    AdvantageContext,
+    broadcast_to_tokens,
+    discounted_returns,
+    dr_grpo_advantages,
+    grpo_advantages,
+    maxrl_advantages,
+    opo_advantages,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+    to_tokens,
+)
+from thermik.algorithms.cov_losses import clip_cov_loss, kl_cov_loss
+from thermik.algorithms.gae import gae_advantages, gae_advantages_and_returns
+from thermik.algorithms.is_losses import aipo_loss, cispo_loss, cross_entropy_loss, importance_sampling_loss, ipo_loss
+from thermik.algorithms.kl import (
+    AdaptiveKLController,
+    FixedKLController,
+    kl_abs,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    kl_reward_penalty,
+)
+from thermik.algorithms.losses import (
+    LossParams,
+    dppo_kl_loss,
+    dppo_loss,
+    dual_clip_loss,
+    entropy_from_logits,
+    gspo_loss,
+    ppo_clip_loss,
+    sapo_loss,
+)
+from thermik.algorithms.off_policy import OffPolicyParams, off_policy_weights
+from thermik.algorithms.reductions import (
+    prompt_mean,
+    prompt_weights,
+    seq_mean_token_sum_norm,
+    sequence_mean,
+    token_mean,
+)
 from thermik.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
     REDUCTIONS,
     get,
+    policy_loss,
 )
 
 __all__ = [
@@ -17,16 +58,48 @@ __all__ = [
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
     "REDUCTIONS",
+    "AdaptiveKLController",
+    "AdvantageContext",
+    "FixedKLController",
+    "LossParams",
+    "OffPolicyParams",
+    "aipo_loss",
     "broadcast_to_tokens",
+    "cispo_loss",
+    "clip_cov_loss",
+    "cross_entropy_loss",
+    "discounted_returns",
+    "dppo_kl_loss",
+    "dppo_loss",
     "dr_grpo_advantages",
+    "dual_clip_loss",
     "entropy_from_logits",
+    "gae_advantages",
+    "gae_advantages_and_returns",
     "get",
     "grpo_advantages",
+    "gspo_loss",
+    "importance_sampling_loss",
+    "ipo_loss",
     "kl_abs",
+    "kl_cov_loss",
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "kl_reward_penalty",
+    "maxrl_advantages",
+    "off_policy_weights",
+    "opo_advantages",
+    "policy_loss",
     "ppo_clip_loss",
+    "prompt_mean",
+    "prompt_weights",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
+    "rloo_advantages",
+    "sapo_loss",
+    "seq_mean_token_sum_norm",
     "sequence_mean",
+    "to_tokens",
     "token_mean",
 ]

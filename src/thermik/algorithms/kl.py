@@ -43,3 +43,43 @@ def kl_k3(logp: Tensor, ref_logp: Tensor, max_log_ratio: float = K3_MAX_LOG_RATI
 def kl_abs(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """|logp - ref_logp|."""
     return _log_ratio(logp, ref_logp).abs()
+
+
+def kl_reward_penalty(token_rewards: Tensor, kl: Tensor, mask: Tensor, coef: float) -> Tensor:
+    """KL as a reward penalty (Ziegler et al. 2019; Ouyang et al. 2022): r_t - coef * kl_t on mask tokens.
+
+    token_rewards, kl, mask: [N, T]. The advantage estimator then sees the penalised rewards.
+    """
+    if not (token_rewards.shape == kl.shape == mask.shape):
+        shapes = [tuple(t.shape) for t in (token_rewards, kl, mask)]
+        raise ValueError(f"kl_reward_penalty: token_rewards, kl, mask must share one shape; got {shapes}")
+    return token_rewards - coef * torch.where(mask.bool(), kl.detach(), torch.zeros_like(kl))
+
+
+class FixedKLController:
+    """A constant KL coefficient."""
+
+    def __init__(self, coef: float) -> None:
+        self.value = coef
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        del current_kl, n_steps
+        return self.value
+
+
+class AdaptiveKLController:
+    """Adaptive KL coefficient (Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences").
+
+    e = clip(KL / target - 1, -0.2, 0.2); beta <- beta * (1 + e * n_steps / horizon), where n_steps is the
+    number of samples seen since the last update. KL above target raises beta, below lowers it.
+    """
+
+    def __init__(self, coef: float, target: float, horizon: int) -> None:
+        if target <= 0 or horizon <= 0:
+            raise ValueError(f"adaptive KL needs target > 0 and horizon > 0; got {target}, {horizon}")
+        self.value, self.target, self.horizon = coef, target, horizon
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon
+        return self.value

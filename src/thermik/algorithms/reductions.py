@@ -48,3 +48,43 @@ def sequence_mean(x: Tensor, mask: Tensor, num_sequences: int | None = None) -> 
         raise ValueError(f"sequence_mean: num_sequences must be > 0, got {num_sequences}")
     per_seq = torch.where(keep, x, torch.zeros_like(x)).sum(dim=-1) / keep.sum(dim=-1).clamp(min=1).to(x.dtype)
     return per_seq.sum() / num_sequences
+
+
+def seq_mean_token_sum_norm(x: Tensor, mask: Tensor, num_sequences: int | None = None, constant: float = 1.0) -> Tensor:
+    """Per-sequence token *sum* divided by a constant, then sum / `num_sequences` (Dr. GRPO, Liu et al. 2025).
+
+    x, mask: [N, T]. constant: the same for every sequence (e.g. the max response length), so a long
+    response is not down-weighted per token as in `sequence_mean`. num_sequences: sequences in the whole
+    mini-batch; None uses N. Returns a scalar.
+    """
+    _check(x, mask)
+    if constant <= 0:
+        raise ValueError(f"seq_mean_token_sum_norm: constant must be > 0, got {constant}")
+    if num_sequences is None:
+        num_sequences = x.shape[0]
+    if num_sequences <= 0:
+        raise ValueError(f"seq_mean_token_sum_norm: num_sequences must be > 0, got {num_sequences}")
+    return torch.where(mask.bool(), x, torch.zeros_like(x)).sum() / (constant * num_sequences)
+
+
+def prompt_weights(group_ids: Tensor) -> Tensor:
+    """[N] int -> [N] float: 1 / (number of prompts * samples of this row's prompt), for `prompt_mean`."""
+    if group_ids.dim() != 1:
+        raise ValueError(f"prompt_weights: group_ids must be [N], got {tuple(group_ids.shape)}")
+    _, index, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    return 1.0 / (counts.numel() * counts[index].to(torch.float32))
+
+
+def prompt_mean(x: Tensor, mask: Tensor, seq_weights: Tensor) -> Tensor:
+    """Mean over mask tokens within each sequence, then over the sequences of each prompt, then over prompts.
+
+    x, mask: [N, T]; seq_weights [N] from `prompt_weights(group_ids of the whole mini-batch)`, sliced
+    to these rows (the weights carry the mini-batch counts, which keeps the micro-batch split out of the
+    gradient). Every prompt weighs the same, whatever its number of samples or their lengths. Scalar.
+    """
+    _check(x, mask)
+    if seq_weights.shape != (x.shape[0],):
+        raise ValueError(f"prompt_mean: seq_weights must be [N] = [{x.shape[0]}], got {tuple(seq_weights.shape)}")
+    keep = mask.bool()
+    per_seq = torch.where(keep, x, torch.zeros_like(x)).sum(dim=-1) / keep.sum(dim=-1).clamp(min=1).to(x.dtype)
+    return (per_seq * seq_weights.to(x.dtype)).sum()

@@ -123,20 +123,19 @@ class NativeCausalLM:
             raise ValueError(f"position {span - 1} exceeds the model's max_position_embeddings {self.max_positions}")
         cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]  # [B, 1, T, D]
         keys = torch.arange(span, device=device)
-        mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, L]
+        visible = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, L]
+        mask = torch.zeros(visible.shape, dtype=self._cos.dtype, device=device).masked_fill_(~visible, float("-inf"))
         rows = slots if isinstance(slots, slice) else slots[:, None]
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         x = self.embed(tokens)
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.in_norm)
             qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
-            q, k, v = qkv.split((nh * hd, nkv * hd, nkv * hd), dim=-1)
-            q = q.view(batch, width, nh, hd)
-            k = k.view(batch, width, nkv, hd)
+            qk, v = qkv.split(((nh + nkv) * hd, nkv * hd), dim=-1)
+            qk = qk.view(batch, width, nh + nkv, hd)
             if layer.q_norm is not None:
-                q, k = _rms_norm(q, layer.q_norm), _rms_norm(k, layer.k_norm)
-            q = _rotate(q.transpose(1, 2), cos, sin)
-            k = _rotate(k.transpose(1, 2), cos, sin)
+                qk = torch.cat([_rms_norm(qk[:, :, :nh], layer.q_norm), _rms_norm(qk[:, :, nh:], layer.k_norm)], 2)
+            q, k = _rotate(qk.transpose(1, 2), cos, sin).split((nh, nkv), dim=1)  # one RoPE for queries and keys
             v = v.view(batch, width, nkv, hd).transpose(1, 2)
             k_all, v_all = cache.write(i, rows, positions, k, v, span)
             attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=nkv != nh)

@@ -24,6 +24,8 @@ class TokenBatch:
     adv: torch.Tensor  # [B, L-1]
     old_logp: torch.Tensor | None = None  # [B, L-1] behaviour-policy logprobs when more than one optimizer step
     ref_logp: torch.Tensor | None = None  # [B, L-1] frozen reference logprobs when KL is on
+    token_rewards: torch.Tensor | None = None  # [B, L-1] each turn's reward on its last sampled token
+    group_ids: torch.Tensor | None = None  # [B] the prompt (group) of each row
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -36,14 +38,16 @@ class TokenBatch:
         return int(self.mask.sum().item())
 
 
-def collate(trajs: list[Trajectory], seq_adv: torch.Tensor, pad_id: int) -> TokenBatch:
-    """seq_adv [B]: one advantage per trajectory, broadcast to its sampled tokens."""
+def collate(trajs: list[Trajectory], seq_adv: torch.Tensor | None, pad_id: int) -> TokenBatch:
+    """seq_adv [B]: one advantage per trajectory, broadcast to its sampled tokens; None leaves adv at 0 for
+    an estimator that works on the token rewards (see `training/shaping.assign_advantages`)."""
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
     b, width = len(trajs), max(lengths)
     input_ids = torch.full((b, width), pad_id, dtype=torch.long)
     attention = torch.zeros((b, width), dtype=torch.long)
     mask = torch.zeros((b, width - 1))
     rollout_logp = torch.zeros((b, width - 1))
+    token_rewards = torch.zeros((b, width - 1))
     for i, t in enumerate(trajs):
         seq = t.prompt_ids + t.response_ids
         input_ids[i, : len(seq)] = torch.tensor(seq)
@@ -51,8 +55,11 @@ def collate(trajs: list[Trajectory], seq_adv: torch.Tensor, pad_id: int) -> Toke
         p, r = len(t.prompt_ids), len(t.response_ids)
         mask[i, p - 1 : p - 1 + r] = torch.tensor(t.loss_mask, dtype=torch.float32)
         rollout_logp[i, p - 1 : p - 1 + r] = torch.tensor(t.rollout_logprobs, dtype=torch.float32)
-    adv = broadcast_to_tokens(seq_adv.to(torch.float32), mask)
-    return TokenBatch(input_ids, attention, mask, rollout_logp, adv)
+        if t.rewards:
+            token_rewards[i, p - 1 : p - 1 + r] = torch.tensor(t.rewards, dtype=torch.float32)
+    adv = torch.zeros_like(mask) if seq_adv is None else broadcast_to_tokens(seq_adv.to(torch.float32), mask)
+    group_ids = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
+    return TokenBatch(input_ids, attention, mask, rollout_logp, adv, token_rewards=token_rewards, group_ids=group_ids)
 
 
 def token_logprobs(

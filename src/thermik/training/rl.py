@@ -7,7 +7,7 @@ the trainer trains (bounded staleness), and the update takes the rollout logprob
 from __future__ import annotations
 
 import asyncio
-import copy
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from thermik.algorithms import registry
+from thermik.algorithms.shaping import select_groups, zero_variance_rows
 from thermik.config.loader import dump_toml
 from thermik.config.schema import RunConfig
 from thermik.data.sampler import PromptSampler
@@ -30,12 +30,14 @@ from thermik.rollout.metrics import rollout_metrics
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import Trajectory, dump_trajectories
 from thermik.tools.mcp_pool import close_default_pool
-from thermik.training import components
+from thermik.training import components, reference
+from thermik.training.algo_state import AlgorithmState
 from thermik.training.batch import collate
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
 from thermik.training.group_producer import GroupProducer
 from thermik.training.optim import build_optimizer
-from thermik.training.update import policy_update
+from thermik.training.shaping import assign_advantages
+from thermik.training.update import logprobs_no_grad, policy_update
 
 
 @dataclass
@@ -55,6 +57,7 @@ class RLRun:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     checkpoints: CheckpointManager
     logger: MetricsLogger
+    algo: AlgorithmState
     start_step: int = 0
     producer: GroupProducer | None = None  # asynchronous mode only
 
@@ -65,9 +68,7 @@ def setup(cfg: RunConfig) -> RLRun:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(dump_toml(cfg))
     policy, chat = components.load_policy(cfg.model)
-    ref = None
-    if cfg.algorithm.kl_coef > 0:
-        ref = copy.deepcopy(policy).eval().requires_grad_(False)
+    ref = reference.build_reference(policy, cfg.algorithm)
     train_rows, held_out = components.load_datasets(cfg.data, cfg.env.name)
     optimizer, scheduler = build_optimizer(policy, cfg.trainer.optimizer)
     run = RLRun(
@@ -84,6 +85,7 @@ def setup(cfg: RunConfig) -> RLRun:
         scheduler=scheduler,
         checkpoints=CheckpointManager(run_dir / "checkpoints", keep=cfg.checkpoint.keep),
         logger=MetricsLogger(run_dir, tensorboard=cfg.monitor.tensorboard, wandb_project=cfg.monitor.wandb_project),
+        algo=AlgorithmState.from_config(cfg.algorithm),
     )
     latest = run.checkpoints.latest() if cfg.checkpoint.resume else None
     if latest is not None:
@@ -91,39 +93,82 @@ def setup(cfg: RunConfig) -> RLRun:
         run.start_step = int(extra["step"])
         run.sampler.load_state_dict(extra["sampler"])
         scheduler.load_state_dict(extra["scheduler"])
+        run.algo.kl.value = float(extra.get("kl_coef", run.algo.kl.value))  # the adaptive KL weight goes on
         run.logger.truncate_after(run.start_step + 1)  # steps <= start_step are done and kept
         print(f"resumed {cfg.run_dir} from {latest.name} (step {run.start_step} of {cfg.trainer.steps})")
     return run
 
 
+async def _sample(run: RLRun, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
+    """(all sampled trajectories, the training batch, metrics). With DAPO dynamic sampling the batch keeps only
+    groups whose rewards differ: `filter` samples up to dynamic_sampling_max_rounds more rounds of prompts to
+    fill prompts_per_step groups, `replace` duplicates kept groups instead."""
+    cfg, alg = run.cfg, run.cfg.algorithm
+    want = cfg.trainer.prompts_per_step
+    extra_rounds = alg.dynamic_sampling_max_rounds if alg.dynamic_sampling == "filter" else 0
+    sampled: list[Trajectory] = []
+    for r in range(1 + extra_rounds):
+        rows = run.sampler.next_batch(want)
+        seed = cfg.seed * 1_000_003 + step * 10_007 + r * 7_919
+        new = await rollout_rows(
+            run.engine, run.make_env, run.chat, rows, cfg.trainer.group_size, run.limits, cfg.rollout.sampling, seed
+        )
+        for t in new:
+            t.group_id += r * want  # group ids stay unique across rounds
+        sampled += new
+        if alg.dynamic_sampling == "none" or _groups_with_signal(sampled) >= want:
+            break
+    if alg.dynamic_sampling == "none":
+        return sampled, sampled, {}
+    picks = select_groups(*_rewards_and_groups(sampled), want, alg.dynamic_sampling)
+    batch = [dataclasses.replace(sampled[i], group_id=g) for i, g in picks] or sampled[-want * cfg.trainer.group_size :]
+    groups = len({g for _, g in picks})
+    return sampled, batch, {"batch/groups_kept": float(groups), "batch/rollout_rounds": float(r + 1)}
+
+
+def _rewards_and_groups(trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.tensor([t.reward for t in trajs], dtype=torch.float32), torch.tensor([t.group_id for t in trajs])
+
+
+def _groups_with_signal(trajs: list[Trajectory]) -> int:
+    rewards, group_ids = _rewards_and_groups(trajs)
+    return len(set(group_ids[~zero_variance_rows(rewards, group_ids)].tolist()))
+
+
 async def rl_step(run: RLRun, step: int) -> dict[str, float]:
-    cfg = run.cfg
+    cfg, alg = run.cfg, run.cfg.algorithm
+    temperature = cfg.rollout.sampling.temperature or 1.0
     t_step = time.perf_counter()
-    # 1. Rollout: n samples per prompt (sync: all episodes of the batch now, concurrently; async: the oldest
-    #    admissible groups the producer made meanwhile).
+    # 1. Rollout: n samples per prompt (sync: all episodes of the batch now, concurrently, + DAPO dynamic
+    #    sampling; async: the oldest admissible groups the producer made meanwhile).
     t0 = time.perf_counter()
-    trajs, async_metrics = await _collect(run, step)
+    sampled, trajs, batch_metrics = await (_sample(run, step) if run.producer is None else _take_groups(run))
     t_generate = time.perf_counter() - t0
-    # 2. Rewards -> group-relative advantages, one per trajectory.
-    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
-    group_ids = torch.tensor([t.group_id for t in trajs])
-    adv_fn = registry.get("advantage", cfg.algorithm.advantage)
-    adv, adv_metrics = adv_fn(rewards, group_ids, cfg.algorithm.std_eps)
-    # 3. Policy update on exactly the sampled token ids.
+    # 2. Rewards -> shaped rewards (length terms, KL in reward mode) -> advantages on the sampled tokens.
+    batch = collate(trajs, None, run.chat.tokenizer.pad_token_id or 0)
+    reward_kl = run.ref is not None and alg.kl_mode == "reward"
+    ref_logp = logprobs_no_grad(run.ref, batch, cfg.trainer.micro_batch_size, temperature) if reward_kl else None
+    adv_metrics = assign_advantages(
+        batch, alg, max_response_length=cfg.rollout.max_generate_length, ref_logp=ref_logp, kl_coef=run.algo.kl.value
+    )
+    # 3. Policy update on exactly the sampled token ids; then KL controller, health checks, reference refresh.
     t0 = time.perf_counter()
-    batch = collate(trajs, adv, run.chat.tokenizer.pad_token_id or 0)
     update_metrics = await asyncio.to_thread(  # a thread: async rollouts and tool calls go on meanwhile
         policy_update,
         run.policy,
         run.ref,
         batch,
-        cfg.algorithm,
+        alg,
         cfg.trainer,
         run.optimizer,
         run.scheduler,
-        cfg.rollout.sampling.temperature or 1.0,
+        temperature,
+        kl_coef=run.algo.kl.value,
+        guard=run.algo.guard,
         rollout_is_behaviour=run.producer is not None,
     )
+    state_metrics = run.algo.after_update({**adv_metrics, **update_metrics}, len(trajs))
+    reference.maybe_refresh(run.ref, run.policy, alg, step + 1)
     t_train = time.perf_counter() - t0
     # 4. Weight sync: trainer weights -> engine, version + 1.
     t0 = time.perf_counter()
@@ -132,13 +177,14 @@ async def rl_step(run: RLRun, step: int) -> dict[str, float]:
         await run.producer.weights_updated()
     t_sync = time.perf_counter() - t0
     # 5. Log.
-    sampled_tokens = sum(t.num_generated_tokens for t in trajs)
+    sampled_tokens = sum(t.num_generated_tokens for t in sampled)
     step_s = time.perf_counter() - t_step
     metrics = {
-        **rollout_metrics(trajs),
-        **{k: float(v) for k, v in adv_metrics.items()},
+        **rollout_metrics(sampled),
+        **batch_metrics,
+        **adv_metrics,
         **update_metrics,
-        **async_metrics,
+        **state_metrics,
         "weights/version": float(version),
         "time/generate": t_generate,
         "time/train": t_train,
@@ -149,25 +195,17 @@ async def rl_step(run: RLRun, step: int) -> dict[str, float]:
     }
     dump_every = cfg.monitor.save_trajectories_every
     if dump_every and (step + 1) % dump_every == 0:
-        dump_trajectories(cfg.run_dir / "trajectories" / f"step_{step + 1}.jsonl", trajs)
+        dump_trajectories(cfg.run_dir / "trajectories" / f"step_{step + 1}.jsonl", sampled)
     return metrics
 
 
-async def _collect(run: RLRun, step: int) -> tuple[list[Trajectory], dict[str, float]]:
-    cfg = run.cfg
-    if run.producer is None:
-        rows = run.sampler.next_batch(cfg.trainer.prompts_per_step)
-        seed = cfg.seed * 1_000_003 + step * 10_007
-        sampling = cfg.rollout.sampling
-        trajs = await rollout_rows(
-            run.engine, run.make_env, run.chat, rows, cfg.trainer.group_size, run.limits, sampling, seed=seed
-        )
-        return trajs, {}
+async def _take_groups(run: RLRun) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
     groups, metrics = await run.producer.next_batch()
     for group_id, group in enumerate(groups):
         for traj in group.trajectories:
             traj.group_id = group_id
-    return [t for g in groups for t in g.trajectories], metrics
+    trajs = [t for g in groups for t in g.trajectories]
+    return trajs, trajs, metrics
 
 
 def _start_producer(run: RLRun) -> GroupProducer:
@@ -201,7 +239,12 @@ async def _evaluate(run: RLRun, label: str) -> EvalResult:
 
 
 def _save_checkpoint(run: RLRun, step: int) -> None:
-    extra = {"step": step, "sampler": run.sampler.state_dict(), "scheduler": run.scheduler.state_dict()}
+    extra = {
+        "step": step,
+        "sampler": run.sampler.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "kl_coef": run.algo.kl.value,
+    }
     run.checkpoints.save(step, lambda d: save_training_state(d, run.policy, run.optimizer, step, extra=extra))
 
 
