@@ -7,7 +7,7 @@ description so `thermik <cmd> --help` can list it with its default.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -46,6 +46,9 @@ class EnvConfig(Section):
     )
     tool_timeout_s: float = Field(10.0, gt=0, description="Per tool-call timeout in seconds.")
     tool_latency_s: float = Field(0.0, ge=0, description="Artificial latency added by the calculator MCP server.")
+    skyrl_gym_config: dict[str, Any] = Field(
+        default_factory=dict, description="env_config passed to skyrl-gym environments (env names skyrl_gym:<name>)."
+    )
 
 
 class RolloutConfig(Section):
