@@ -82,7 +82,8 @@ def build() -> tuple[tuple[Document, ...], tuple[Fact, ...]]:
     for first, last in zip(_unique_names(rng, N_PEOPLE, 2, taken), _unique_names(rng, N_PEOPLE, 2, taken), strict=True):
         doc_id, person = str(len(docs)), f"{first} {last}"
         profession, town, year = rng.choice(PROFESSIONS), rng.choice(towns), rng.randint(1500, 1990)
-        text = f"{person} was a {profession} born in {town} in {year}."
+        article = "an" if profession[0] in "aeiou" else "a"
+        text = f"{person} was {article} {profession} born in {town} in {year}."
         docs.append(Document(doc_id, person, text))
         facts += [
             Fact(f"What was the profession of {person}?", profession, doc_id),
