@@ -51,6 +51,22 @@ class EnvConfig(Section):
     )
 
 
+class LLMGeneratorConfig(Section):
+    """`thermik synthesize --llm-base-url ...`: rows written by a model behind an OpenAI-compatible endpoint."""
+
+    base_url: str = Field("", description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1.")
+    model: str = Field("", description="Model name sent with each request.")
+    api_key_env: str = Field(
+        "OPENAI_API_KEY", description="Environment variable holding the API key ('EMPTY' if unset)."
+    )
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature of the generator model.")
+    max_tokens: int = Field(512, ge=1, description="Most tokens per reply.")
+    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout in seconds.")
+    concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
+    examples: int = Field(3, ge=0, description="Rule-generated rows shown to the model as examples.")
+    max_requests_per_row: int = Field(4, ge=1, description="Give up after this many requests per wanted row.")
+
+
 class RolloutConfig(Section):
     max_input_length: int = Field(512, ge=1, description="Longest prompt (tokens) accepted; longer rows are skipped.")
     max_generate_length: int = Field(64, ge=1, description="Most tokens sampled in one assistant turn.")

@@ -118,17 +118,26 @@ def worked(key: str) -> Worked:
 
 
 def math_row(env: str, key: str) -> dict[str, Any]:
-    """A row for `env` (gsm8k or math_feedback); the ground truth is a numeric string, as in GSM8K."""
+    """A row for `env` (gsm8k or math_feedback) from a template problem key."""
     question, _, answer = worked(key)
+    return question_row(env, question, answer, {"problem": key})
+
+
+def question_row(env: str, question: str, answer: int | float | str, extra_info: dict[str, Any]) -> dict[str, Any]:
+    """A row for `env`; the ground truth is a numeric string, as in GSM8K."""
     return {
         "data_source": f"synthetic/{env}",
         "env_class": env,
         "prompt": [{"role": "system", "content": MATH_SYSTEM}, {"role": "user", "content": question}],
         "reward_spec": {"method": "rule", "ground_truth": str(answer)},
-        "extra_info": {"problem": key},
+        "extra_info": extra_info,
     }
 
 
 def math_solve(row: dict[str, Any]) -> list[Message]:
-    _, steps, answer = worked(row["extra_info"]["problem"])
-    return [*row["prompt"], {"role": "assistant", "content": " ".join(steps) + f"\n#### {answer}"}]
+    """The worked steps then `#### N`; rows written by an LLM carry their own `solution` text."""
+    solution = row["extra_info"].get("solution")
+    if solution is None:
+        _, steps, answer = worked(row["extra_info"]["problem"])
+        solution = " ".join(steps) + f"\n#### {answer}"
+    return [*row["prompt"], {"role": "assistant", "content": solution}]

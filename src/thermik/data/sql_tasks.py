@@ -90,12 +90,16 @@ def sql_task(key: str) -> Task:
 
 def sql_row(key: str) -> dict[str, Any]:
     question, gold = sql_task(key)
+    return question_sql_row(question, gold, {"problem": key})
+
+
+def question_sql_row(question: str, gold: str, extra_info: dict[str, Any]) -> dict[str, Any]:
     return {
         "data_source": "synthetic/text2sql",
         "env_class": "text2sql",
         "prompt": [{"role": "system", "content": SQL_SYSTEM}, {"role": "user", "content": question}],
         "reward_spec": {"method": "rule", "ground_truth": gold},
-        "extra_info": {"problem": key},
+        "extra_info": extra_info,
     }
 
 
