@@ -12,8 +12,6 @@ import functools
 import random
 from dataclasses import dataclass
 
-import bm25s
-
 CORPUS_VERSION = "corpus-v1"
 N_TOWNS = 150
 N_PEOPLE = 150
@@ -97,15 +95,22 @@ class SearchIndex:
     """BM25 over the corpus documents (lower-cased word tokens, English stop words removed)."""
 
     def __init__(self, documents: tuple[Document, ...]) -> None:
+        try:
+            import bm25s
+        except ImportError as exc:
+            raise ImportError(
+                f"the search corpus needs bm25s ({exc}); install it with `pip install 'thermik[envs]'`"
+            ) from exc
+        self._tokenize = bm25s.tokenize
         self.documents = documents
         self.by_id = {d.doc_id: d for d in documents}
         self._bm25 = bm25s.BM25()
         texts = [d.text for d in documents]
-        self._bm25.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
+        self._bm25.index(self._tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
 
     def search(self, query: str, k: int) -> list[Document]:
         """The top-k documents with a positive score, best first."""
-        tokens = bm25s.tokenize([query], stopwords="en", return_ids=False, show_progress=False)
+        tokens = self._tokenize([query], stopwords="en", return_ids=False, show_progress=False)
         if not tokens[0]:
             return []
         k = max(1, min(k, len(self.documents)))
