@@ -14,6 +14,7 @@ import os
 import random
 import sqlite3
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,7 @@ class ReadOnlyDatabase:
         self.path = path
         self.timeout_s = timeout_s
         self._deadline = 0.0
+        self._lock = threading.Lock()  # one query at a time: the deadline belongs to the running query
         self._conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
         self._conn.set_authorizer(_authorize)
         self._conn.set_progress_handler(lambda: int(time.monotonic() > self._deadline), 10_000)
@@ -138,12 +140,13 @@ class ReadOnlyDatabase:
         """Run one SELECT; raise SQLError with a readable message when it is refused, fails or runs too long."""
         if not isinstance(sql, str) or not sql.strip():
             raise SQLError("empty SQL query")
-        self._deadline = time.monotonic() + self.timeout_s
-        try:
-            cursor = self._conn.execute(sql)
-            rows = cursor.fetchmany(max_rows + 1)
-        except (sqlite3.Error, sqlite3.Warning) as exc:
-            raise SQLError(_explain(exc, self.timeout_s)) from None
+        with self._lock:
+            self._deadline = time.monotonic() + self.timeout_s
+            try:
+                cursor = self._conn.execute(sql)
+                rows = cursor.fetchmany(max_rows + 1)
+            except (sqlite3.Error, sqlite3.Warning) as exc:
+                raise SQLError(_explain(exc, self.timeout_s)) from None
         columns = tuple(d[0] for d in cursor.description or ())
         return QueryResult(columns, tuple(rows[:max_rows]), truncated=len(rows) > max_rows)
 
