@@ -41,7 +41,7 @@ def search_row(question: str) -> dict[str, Any]:
         "env_class": "search",
         "prompt": [{"role": "system", "content": SEARCH_SYSTEM}, {"role": "user", "content": question}],
         "reward_spec": {"method": "rule", "ground_truth": [fact.answer]},
-        "extra_info": {"doc_id": fact.doc_id},
+        "extra_info": {"problem": question, "doc_id": fact.doc_id},
     }
 
 

@@ -114,6 +114,8 @@ GENERATORS: dict[str, Generator] = {
     "reverse_text": Generator(_reverse_problem, _reverse_row, _reverse_solve),
     "gsm8k": Generator(math_problem, functools.partial(math_row, "gsm8k"), math_solve),
     "math_feedback": Generator(math_problem, functools.partial(math_row, "math_feedback"), math_solve),
+    # skyrl-gym's gsm8k reads the same rows (reward_spec.ground_truth, a numeric string).
+    "skyrl_gym:gsm8k": Generator(math_problem, functools.partial(math_row, "skyrl_gym:gsm8k"), math_solve),
     "text2sql": Generator(sql_problem, sql_row, sql_solve),
     "search": Generator(search_problem, search_row, search_solve),
     "code": Generator(code_problem, code_row, code_solve),
