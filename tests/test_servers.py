@@ -151,6 +151,7 @@ def test_sandbox_refuses_writes_outside_its_directory(tmp_path):
         f"import pathlib\npathlib.Path({str(target)!r}).write_text('x')",
         "import os\nos.symlink('/etc', 'etc')\nopen('etc/thermik-escape', 'w')",
         f"import os\nos.mkdir({str(tmp_path / 'd')!r})",
+        f"import sqlite3\nsqlite3.connect({str(target)!r})",
         "open('../escape.txt', 'w').write('x')",
     ]
     for code in outside:
@@ -163,13 +164,14 @@ def test_sandbox_refuses_writes_outside_its_directory(tmp_path):
     assert inside.exit_code == 0 and inside.stdout == "['a.txt', 'd', 'main.py']\n"
 
 
-def test_sandbox_refuses_a_fork_bomb_and_subprocesses():
+def test_sandbox_refuses_a_fork_bomb_subprocesses_and_raising_its_limits():
     for code in [
         "import os\nwhile True:\n    os.fork()",
         "import subprocess\nsubprocess.run(['true'])",
         "import os\nos.system('true')",
         "import ctypes\nctypes.CDLL(None).fork()",
         "import multiprocessing\nmultiprocessing.Process(target=print).start()",
+        "import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))",
     ]:
         result = run_python(code, LIMITS)
         assert result.exit_code == 1 and "PermissionError: sandbox:" in result.stderr, code

@@ -7,8 +7,8 @@ What is enforced, and how (docs/environments.md says the same):
 - output: stdout/stderr go to files capped by RLIMIT_FSIZE and are cut to `max_output_chars`;
 - network: the child runs in a fresh network namespace (`unshare -rn`, loopback only and down) when the
   kernel allows unprivileged user namespaces; in every case an audit hook (PEP 578) refuses socket creation;
-- processes: the audit hook refuses fork/exec/spawn/subprocess and loading native code through ctypes,
-  which stops fork bombs written in Python;
+- processes: the audit hook refuses fork/exec/spawn/subprocess, loading native code through ctypes and
+  changing resource limits, which stops fork bombs written in Python;
 - files: cwd, HOME and TMPDIR are a fresh temp dir removed afterwards; the audit hook refuses opening for
   writing, creating, renaming or removing any path outside it.
 Audit hooks are not a security boundary against hostile native code (a C extension already installed could
@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -33,18 +32,26 @@ from pathlib import Path
 MAX_CODE_CHARS = 100_000
 _MB = 1024 * 1024
 
-# Runs first in the child: install the audit hook, then execute main.py. Paths are checked after realpath,
+# Runs first in the child: set the resource limits (here rather than in a preexec_fn, which is unsafe in a
+# threaded server), install the audit hook, then execute main.py. Paths are checked after realpath,
 # relative to the sandbox dir (the cwd); file descriptors (ints) are allowed, they were opened already.
 _BOOTSTRAP = r"""
-import os, sys
+import os, resource, sys
+cpu_s, memory_bytes, file_bytes = (int(a) for a in sys.argv[1:4])
+resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 ROOT = os.path.realpath(os.getcwd())
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 BLOCKED = {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen",
            "pty.spawn", "ctypes.dlopen", "ctypes.dlsym", "ctypes.call_function", "socket.__new__", "socket.connect",
-           "socket.bind", "socket.getaddrinfo", "os.kill", "os.killpg", "sys.remote_exec"}
+           "socket.bind", "socket.getaddrinfo", "os.kill", "os.killpg", "sys.remote_exec", "resource.setrlimit",
+           "resource.prlimit"}
 PATH_EVENTS = {"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1), "os.link": (0, 1),
                "os.symlink": (1,), "os.truncate": (0,), "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,),
-               "shutil.rmtree": (0,), "shutil.copyfile": (1,), "shutil.move": (1,), "os.chdir": (0,)}
+               "shutil.rmtree": (0,), "shutil.copyfile": (1,), "shutil.move": (1,), "os.chdir": (0,),
+               "sqlite3.connect": (0,)}
 def inside(path):
     if isinstance(path, int):
         return True
@@ -115,14 +122,15 @@ def run_python(code: str, limits: SandboxLimits) -> RunResult:
         work.mkdir()
         logs.mkdir()
         (work / "main.py").write_text(code, encoding="utf-8")
-        argv = [sys.executable, "-I", "-B", "-c", _BOOTSTRAP]
+        rlimits = (limits.cpu_s, limits.memory_mb * _MB, limits.max_file_mb * _MB)
+        argv = [sys.executable, "-I", "-B", "-c", _BOOTSTRAP, *map(str, rlimits)]
         if network_namespace_available():
             argv = [shutil.which("unshare") or "unshare", "-rn", *argv]
         env = {"HOME": str(work), "TMPDIR": str(work), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
         with open(logs / "stdout", "wb") as out, open(logs / "stderr", "wb") as err:
             proc = subprocess.Popen(
                 argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                start_new_session=True, preexec_fn=functools.partial(_set_limits, limits),
+                start_new_session=True,
             )  # fmt: skip
             timed_out = False
             try:
@@ -137,14 +145,6 @@ def run_python(code: str, limits: SandboxLimits) -> RunResult:
             exit_code=proc.returncode,
             timed_out=timed_out,
         )
-
-
-def _set_limits(limits: SandboxLimits) -> None:
-    """Runs in the child between fork and exec."""
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * _MB, limits.memory_mb * _MB))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_mb * _MB, limits.max_file_mb * _MB))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def _kill_group(pid: int) -> None:
