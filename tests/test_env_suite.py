@@ -259,7 +259,14 @@ def test_skyrl_gym_episode_runs_through_thermiks_agent_loop(tiny_model_dir):
     rows = generate_rows("gsm8k", 2, seed=0)
     limits = LoopLimits(max_turns=2, max_input_length=512, max_generate_length=16, max_sequence_length=640)
     make_env = env_factory(EnvConfig(name="skyrl_gym:gsm8k"))
-    trajectories = asyncio.run(rollout_rows(engine, make_env, chat, rows, 2, limits, SamplingConfig(), seed=0))
+
+    async def play():
+        try:
+            return await rollout_rows(engine, make_env, chat, rows, 2, limits, SamplingConfig(), seed=0)
+        finally:
+            await engine.close()
+
+    trajectories = asyncio.run(play())
     assert len(trajectories) == 4
     for traj in trajectories:  # invariants were checked by the loop; the env ended each episode in one turn
         assert traj.num_turns == 1 and traj.stop_reason in ("stop", "length")
