@@ -8,10 +8,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from thermik.config.schema import EnvConfig
 from thermik.data.synthetic import generate_rows, solve
-from thermik.envs.answers import exact_match, extract_lenient, extract_strict, normalize_answer
+from thermik.envs.answers import exact_match, extract_lenient, extract_strict, normalize_answer, numbers_match
 from thermik.envs.base import Env
 from thermik.envs.code import harness
 from thermik.envs.math_feedback import FEEDBACK
@@ -131,6 +133,15 @@ def test_bad_tool_calls_become_error_observations(runner, env_name, call, fragme
 )
 def test_strict_and_lenient_extraction(text, strict, lenient):
     assert (extract_strict(text), extract_lenient(text)) == (strict, lenient)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prefix=st.text(max_size=80), number=st.integers(-(10**9), 10**9), tagged=st.booleans())
+def test_extraction_never_raises_and_finds_a_final_number(prefix, number, tagged):
+    text = prefix + (f"<answer>{number}</answer>" if tagged else f"\n#### {number}")
+    extract_strict(prefix), extract_lenient(prefix)  # any text: no exception
+    assert numbers_match(extract_strict(text), number)
+    assert numbers_match(extract_lenient(text), number)
 
 
 def test_gsm8k_strict_needs_the_format_lenient_does_not():
