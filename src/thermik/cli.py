@@ -4,7 +4,8 @@ thermik rl  [@ a.toml @ b.toml] [--section.key value ...] [--dry-run] [--help]
 thermik sft [@ a.toml ...] [--key value ...] [--dry-run] [--help]
 thermik eval [@ a.toml ...] [--key value ...]        (held-out evaluation of model.path)
 thermik model init --preset NAME --out DIR
-thermik synthesize --env NAME --n N --out DIR [--split train|eval] [--seed S]
+thermik synthesize --env NAME --n N --out DIR [--split train|eval] [--seed S] [--llm-base-url URL --llm-model M]
+thermik synthesize --from-conversations FILE --out DIR [--env-class mcp]
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from thermik.config import ConfigError, dump_toml, format_help, load_config, wants_help
-from thermik.config.schema import RunConfig, SFTConfig
+from thermik.config.schema import LLMGeneratorConfig, RunConfig, SFTConfig
 
 
 def _run_configured(model_cls: type[BaseModel], argv: list[str], run: Callable[[Any], Any], prog: str) -> int:
@@ -79,17 +80,35 @@ def _cmd_synthesize(argv: list[str]) -> int:
     from thermik.data.synthetic import GENERATORS
 
     p = argparse.ArgumentParser(prog="thermik synthesize", description="Write dataset rows and solved conversations.")
-    p.add_argument("--env", required=True, choices=sorted(GENERATORS), help="Environment whose generator to use.")
-    p.add_argument("--n", required=True, type=int, help="Number of rows.")
+    p.add_argument("--env", choices=sorted(GENERATORS), help="Environment whose generator to use.")
+    p.add_argument("--n", type=int, help="Number of rows.")
     p.add_argument("--out", required=True, type=Path, help="Output directory (rows.jsonl, sft.jsonl).")
     p.add_argument("--split", default="train", choices=["train", "eval"], help="Disjoint problem split.")
     p.add_argument("--seed", type=int, default=0, help="Generator seed.")
+    p.add_argument("--from-conversations", type=Path, help="Convert dependent-spec conversations (jsonl) to rows.")
+    p.add_argument("--env-class", default="mcp", help="env_class of converted rows (with --from-conversations).")
+    llm = p.add_argument_group("LLM generator (rows written by a model behind an OpenAI-compatible endpoint)")
+    for name, field in LLMGeneratorConfig.model_fields.items():
+        llm.add_argument(f"--llm-{name.replace('_', '-')}", dest=f"llm_{name}", type=type(field.default),
+                         default=field.default, help=field.description)  # fmt: skip
     args = p.parse_args(argv)
+    from thermik.data.synthesize import convert, synthesize
+
+    if args.from_conversations is not None:
+        rows_path, count = convert(args.from_conversations, args.out, args.env_class)
+        print(f"wrote {count} rows to {rows_path}")
+        return 0
+    if args.env is None or args.n is None:
+        p.error("--env and --n are required (unless --from-conversations)")
     if args.n < 1:
         p.error("--n must be >= 1")
-    from thermik.data.synthesize import synthesize
-
-    rows_path, sft_path = synthesize(args.env, args.n, args.out, split=args.split, seed=args.seed)
+    llm_cfg = None
+    if args.llm_base_url:
+        try:
+            llm_cfg = LLMGeneratorConfig(**{n: getattr(args, f"llm_{n}") for n in LLMGeneratorConfig.model_fields})
+        except ValueError as exc:  # pydantic's ValidationError names the field
+            p.error(f"bad --llm-* option: {exc}")
+    rows_path, sft_path = synthesize(args.env, args.n, args.out, split=args.split, seed=args.seed, llm=llm_cfg)
     print(f"wrote {args.n} rows to {rows_path} and solved conversations to {sft_path}")
     return 0
 

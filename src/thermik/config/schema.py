@@ -7,7 +7,7 @@ description so `thermik <cmd> --help` can list it with its default.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -46,6 +46,25 @@ class EnvConfig(Section):
     )
     tool_timeout_s: float = Field(10.0, gt=0, description="Per tool-call timeout in seconds.")
     tool_latency_s: float = Field(0.0, ge=0, description="Artificial latency added by the calculator MCP server.")
+    skyrl_gym_config: dict[str, Any] = Field(
+        default_factory=dict, description="env_config passed to skyrl-gym environments (env names skyrl_gym:<name>)."
+    )
+
+
+class LLMGeneratorConfig(Section):
+    """`thermik synthesize --llm-base-url ...`: rows written by a model behind an OpenAI-compatible endpoint."""
+
+    base_url: str = Field("", description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1.")
+    model: str = Field("", description="Model name sent with each request.")
+    api_key_env: str = Field(
+        "OPENAI_API_KEY", description="Environment variable holding the API key ('EMPTY' if unset)."
+    )
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature of the generator model.")
+    max_tokens: int = Field(512, ge=1, description="Most tokens per reply.")
+    timeout_s: float = Field(60.0, gt=0, description="Per-request timeout in seconds.")
+    concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
+    examples: int = Field(3, ge=0, description="Rule-generated rows shown to the model as examples.")
+    max_requests_per_row: int = Field(4, ge=1, description="Give up after this many requests per wanted row.")
 
 
 class RolloutConfig(Section):

@@ -7,12 +7,17 @@ Prompts are short because tiny character-level models pay per character.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from thermik.data.code_tasks import code_problem, code_row, code_solve
+from thermik.data.math_problems import math_problem, math_row, math_solve
+from thermik.data.search_qa import search_problem, search_row, search_solve
+from thermik.data.sql_tasks import sql_problem, sql_row, sql_solve
 from thermik.envs.base import Message
 from thermik.tools.arith import evaluate, format_number
 from thermik.tools.parsers import format_hermes_tool_call
@@ -107,6 +112,13 @@ class Generator:
 GENERATORS: dict[str, Generator] = {
     "calculator": Generator(_calculator_problem, _calculator_row, _calculator_solve),
     "reverse_text": Generator(_reverse_problem, _reverse_row, _reverse_solve),
+    "gsm8k": Generator(math_problem, functools.partial(math_row, "gsm8k"), math_solve),
+    "math_feedback": Generator(math_problem, functools.partial(math_row, "math_feedback"), math_solve),
+    # skyrl-gym's gsm8k reads the same rows (reward_spec.ground_truth, a numeric string).
+    "skyrl_gym:gsm8k": Generator(math_problem, functools.partial(math_row, "skyrl_gym:gsm8k"), math_solve),
+    "text2sql": Generator(sql_problem, sql_row, sql_solve),
+    "search": Generator(search_problem, search_row, search_solve),
+    "code": Generator(code_problem, code_row, code_solve),
 }
 
 

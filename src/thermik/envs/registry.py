@@ -15,7 +15,14 @@ from thermik.envs.base import Env
 BUILTIN_ENVIRONMENTS: dict[str, str] = {
     "reverse_text": "thermik.envs.reverse_text:ReverseTextEnv",
     "calculator": "thermik.envs.calculator:CalculatorEnv",
+    "gsm8k": "thermik.envs.gsm8k:GSM8KEnv",
+    "math_feedback": "thermik.envs.math_feedback:MathFeedbackEnv",
+    "text2sql": "thermik.envs.text2sql:Text2SQLEnv",
+    "search": "thermik.envs.search:SearchEnv",
+    "code": "thermik.envs.code:CodeEnv",
 }
+SKYRL_GYM_PREFIX = "skyrl_gym:"
+"""`skyrl_gym:<name>` runs skyrl-gym environment <name> unchanged (thermik.envs.skyrl_gym)."""
 
 ENVIRONMENTS: dict[str, str] = dict(BUILTIN_ENVIRONMENTS)
 """name -> "pkg.mod:Class"; the built-ins plus whatever `register` added."""
@@ -39,13 +46,17 @@ def unregister(name: str) -> None:
 
 
 def resolve(name_or_path: str) -> type[Env]:
-    """The Env class for a registered name or a 'pkg.mod:Class' path."""
+    """The Env class for a registered name, `skyrl_gym:<name>`, or a 'pkg.mod:Class' path."""
+    if name_or_path.startswith(SKYRL_GYM_PREFIX):
+        from thermik.envs.skyrl_gym import skyrl_gym_env_class
+
+        return skyrl_gym_env_class(name_or_path.removeprefix(SKYRL_GYM_PREFIX))
     entry_point = ENVIRONMENTS.get(name_or_path)
     if entry_point is None:
         if ":" not in name_or_path:
             raise ValueError(
                 f"unknown environment {name_or_path!r}; valid names: {', '.join(sorted(ENVIRONMENTS))} "
-                "(or a 'pkg.mod:Class' path)"
+                "(or skyrl_gym:<name>, or a 'pkg.mod:Class' path)"
             )
         entry_point = name_or_path
     module_name, attr = _split_entry_point(entry_point)
