@@ -52,7 +52,7 @@ def run_config(model_dir: Path, out: Path, **dist: Any) -> RunConfig:
         name="dist",
         model={"path": str(model_dir)},
         trainer={"micro_batch_size": 2, "optimizer": {"lr": 1e-3}},
-        distributed=DistributedConfig(num_trainers=2, num_engines=1, cpus_per_actor=0.5, **dist),
+        distributed=DistributedConfig(**{"num_trainers": 2, "num_engines": 1, "cpus_per_actor": 0.5, **dist}),
     )
 
 
@@ -190,7 +190,7 @@ def test_killed_engine_is_restarted_and_requests_resubmitted(dist_run: Distribut
 
 
 def test_trainer_crash_stops_run_with_checkpoint_intact(dist_run: DistributedRun) -> None:
-    """Last test of the module: it kills the trainer group."""
+    """Kills the DDP trainer group, so it runs after every other test of dist_run; frees its resources at the end."""
     trainer = dist_run.trainer
     saved = trainer.save_checkpoint(3, {"note": "before crash"})
     ray.kill(trainer.workers[1])
@@ -200,3 +200,26 @@ def test_trainer_crash_stops_run_with_checkpoint_intact(dist_run: DistributedRun
     model, _ = components.load_policy(dist_run.cfg.model)
     extra = load_training_state(saved, model, None)
     assert extra["step"] == 3 and extra["note"] == "before crash"
+    dist_run.shutdown()  # frees the CPUs for fsdp_run
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(ray_cluster: Any, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> DistributedRun:
+    """Two FSDP2 trainer workers (gloo, CPU) and no engine."""
+    cfg = run_config(tiny_model_dir, tmp_path_factory.mktemp("fsdp_run"), strategy="fsdp2", num_engines=0)
+    run = start(cfg)
+    yield run
+    run.shutdown()
+
+
+@pytest.mark.slow
+def test_fsdp2_matches_single_process(fsdp_run: DistributedRun) -> None:
+    cfg, alg = fsdp_run.cfg, AlgorithmConfig()
+    checkpoint = fsdp_run.trainer.save_checkpoint(1, {})
+    batch = uneven_batch(seed=2)
+    metrics = fsdp_run.trainer.update(batch, alg, cfg.trainer, TEMPERATURE)
+    ref_model, ref_metrics = single_process_update(cfg, checkpoint, batch, cfg.trainer, alg)
+    ref_grads = {n: p.grad for n, p in ref_model.named_parameters()}
+    assert max_diff(fsdp_run.trainer.grads(), ref_grads) < GRAD_ATOL
+    assert_params_match(fsdp_run.trainer.state_dict(), ref_model.state_dict(), ref_grads, cfg.trainer.optimizer.lr)
+    assert metrics["policy/grad_norm"] == pytest.approx(ref_metrics["policy/grad_norm"], rel=1e-5)

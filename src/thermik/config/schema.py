@@ -115,7 +115,9 @@ class DistributedConfig(Section):
     """Scale-out on Ray (optional extra `distributed`): data-parallel trainer workers and engine actors."""
 
     num_trainers: int = Field(1, ge=1, description="Data-parallel trainer workers (Ray actors in one torch group).")
-    num_engines: int = Field(1, ge=1, description="Inference engine actors (each an embedded engine).")
+    num_engines: int = Field(
+        1, ge=0, description="Inference engine actors (each an embedded engine); 0 when generation runs elsewhere."
+    )
     placement: Literal["colocated", "disaggregated"] = Field(
         "disaggregated",
         description="colocated: engine i shares trainer i's placement bundle (devices); "

@@ -179,13 +179,17 @@ class DistributedRun:
         self._group_epoch = self.engines.num_restarts
 
     def shutdown(self) -> None:
+        """Kill every actor and release the placement group; safe to call twice."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        if self.placement_group is None:
+            return
         self.trainer.shutdown()
         for a in self.engines.actors:
             ray.kill(a, no_restart=True)
         remove_placement_group(self.placement_group)
+        self.placement_group = None
 
 
 def start(cfg: RunConfig) -> DistributedRun:
