@@ -54,6 +54,8 @@ class EnginePool:
     ) -> Generation:
         from ray.exceptions import RayActorError
 
+        if not self._slots:
+            raise RuntimeError("no engine actors to generate with: distributed.num_engines is 0")
         for attempt in range(self.max_resubmits + 1):
             slot = min(self._slots, key=lambda s: s.in_flight)
             epoch = slot.epoch

@@ -140,6 +140,8 @@ class DistributedRun:
         method = method or self.cfg.distributed.weight_sync
         if method not in ("collective", "files"):
             raise ValueError(f"unknown weight sync method {method!r}; valid: 'collective', 'files'")
+        if not self.engines.actors:
+            return self.engines.version, 0.0
         if method == "files":
             version = await self._sync_by_files()
         else:

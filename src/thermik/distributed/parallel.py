@@ -63,7 +63,7 @@ def wrap_policy(
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [device.index] if device.type == "cuda" else None
-        parallel = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+        parallel = DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)  # buffers never change
         inner = model
     elif strategy == "fsdp2":
         from torch.distributed.fsdp import fully_shard
