@@ -29,8 +29,9 @@ class _Slot:
 
 
 class EnginePool:
-    """InferenceEngine over Ray engine actors. `restore_source` is what a restarted actor loads: an ObjectRef of
-    the current weights or the path of the current safetensors file; `version` is the current weight version."""
+    """InferenceEngine over Ray engine actors. `restore_source` says what a restarted actor loads: the path of the
+    current safetensors file, or a function returning an ObjectRef of the current weights; `version` is the
+    current weight version."""
 
     def __init__(self, actors: list[Any], restart_timeout_s: float = 120.0, max_resubmits: int = 3) -> None:
         self._slots = [_Slot(a) for a in actors]
@@ -89,7 +90,8 @@ class EnginePool:
                         ) from ping_err
                     await asyncio.sleep(0.2)
             if self.restore_source is not None:
-                await slot.actor.restore.remote(self.restore_source, self.version)
+                source = self.restore_source() if callable(self.restore_source) else self.restore_source
+                await slot.actor.restore.remote(source, self.version)
             slot.epoch += 1
             self.num_restarts += 1
 

@@ -131,6 +131,7 @@ class DistributedRun:
     engines: EnginePool
     placement_group: Any
     weight_sync_s: float = 0.0
+    _spec: Any = None  # names, shapes, dtypes of the broadcast weights (fixed for a run)
     _group_epoch: int = -1  # engines.num_restarts when the weight group was formed; -1: not formed
 
     async def sync_weights(self, method: str | None = None) -> tuple[int, float]:
@@ -164,11 +165,13 @@ class DistributedRun:
         actors = self.engines.actors
         if self._group_epoch != self.engines.num_restarts:  # first sync, or a restarted engine left the group
             await self._form_weight_group()
-        spec = await self.trainer.workers[0].weight_spec.remote()
+        if self._spec is None:
+            self._spec = await self.trainer.workers[0].weight_spec.remote()
         sends = [w.broadcast_weights.remote() for w in self.trainer.workers]
-        versions = await asyncio.gather(*(a.receive_weights.remote(spec) for a in actors))
-        (ref,) = (await asyncio.gather(*sends))[0]
-        self.engines.set_current(ref, versions[0])
+        versions = await asyncio.gather(*(a.receive_weights.remote(self._spec) for a in actors))
+        await asyncio.gather(*sends)
+        rank0 = self.trainer.workers[0]
+        self.engines.set_current(lambda: rank0.synced_weights.remote(), versions[0])
         return versions[0]
 
     async def _form_weight_group(self) -> None:

@@ -53,6 +53,7 @@ class TrainerWorker:
         if cfg.algorithm.kl_coef > 0:
             self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
         self._weights_group: comm.BroadcastGroup | None = None
+        self._synced_state: dict[str, torch.Tensor] = {}
 
     def endpoint(self) -> tuple[str, int]:
         return comm.endpoint()
@@ -128,16 +129,18 @@ class TrainerWorker:
         dc = self.dist_cfg
         self._weights_group = comm.BroadcastGroup.join(dc.backend, addr, port, 0, size, dc.timeout_s)
 
-    def broadcast_weights(self) -> list[Any]:
-        """Send the weights to the engines' group; returns [ObjectRef of the same weights] for engine restarts."""
-        import ray
-
+    def broadcast_weights(self) -> None:
+        """Send the weights to the engines' group and keep them: a restarted engine loads this copy."""
         state = full_state_dict(self.policy)  # a collective under FSDP2: call on every rank
         if self.rank != 0:
-            return []
+            return
         assert self._weights_group is not None, "join_weight_group first"
         comm.send_state(self._weights_group, state, self.device)
-        return [ray.put(state)]
+        self._synced_state = state
+
+    def synced_weights(self) -> dict[str, torch.Tensor]:
+        """The weights of the engines' current version (the last broadcast)."""
+        return self._synced_state
 
     def save_weights(self, path: str) -> str | None:
         """Write the weights to `path` (one safetensors file, atomically); rank 0 writes, every rank joins."""
