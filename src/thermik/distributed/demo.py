@@ -51,7 +51,7 @@ async def rl_steps(run: DistributedRun) -> list[dict[str, float]]:
         adv, _ = adv_fn(rewards, torch.tensor([t.group_id for t in trajs]), cfg.algorithm.std_eps)
         batch = collate(trajs, adv, chat.tokenizer.pad_token_id or 0)
         t1 = time.perf_counter()
-        metrics = run.trainer.update(batch, cfg.algorithm, cfg.trainer, cfg.rollout.sampling.temperature or 1.0)
+        metrics = await run.update(batch, cfg.algorithm, cfg.trainer, cfg.rollout.sampling.temperature or 1.0)
         t_train = time.perf_counter() - t1
         version, t_sync = await run.sync_weights()
         metrics.update(

@@ -2,7 +2,7 @@
 
     run = start(cfg)                           # Ray, placement group, trainer workers, engine actors
     trajs = await rollout_rows(run.engines, ...)   # run.engines is an InferenceEngine
-    metrics = run.trainer.update(batch, cfg.algorithm, cfg.trainer, temperature)
+    metrics = await run.update(batch, cfg.algorithm, cfg.trainer, temperature)
     version, seconds = await run.sync_weights()
     run.trainer.save_checkpoint(step, extra)    # rank 0 writes, atomically
     run.shutdown()
@@ -133,6 +133,19 @@ class DistributedRun:
     weight_sync_s: float = 0.0
     _spec: Any = None  # names, shapes, dtypes of the broadcast weights (fixed for a run)
     _group_epoch: int = -1  # engines.num_restarts when the weight group was formed; -1: not formed
+
+    async def update(
+        self, batch: TokenBatch, alg: AlgorithmConfig, trainer: TrainerConfig, temperature: float
+    ) -> dict[str, float]:
+        """One data-parallel policy update; colocated engines sleep meanwhile (free GPU memory; no-op on CPU)."""
+        colocated = self.cfg.distributed.placement == "colocated"
+        if colocated:
+            await asyncio.gather(*(a.sleep.remote() for a in self.engines.actors))
+        try:
+            return await asyncio.to_thread(self.trainer.update, batch, alg, trainer, temperature)
+        finally:
+            if colocated:
+                await asyncio.gather(*(a.wake_up.remote() for a in self.engines.actors))
 
     async def sync_weights(self, method: str | None = None) -> tuple[int, float]:
         """Trainer weights -> every engine by `method` (default distributed.weight_sync): "collective" broadcast
