@@ -1,6 +1,6 @@
 """Scale-out on a real local Ray cluster: data-parallel trainer workers, engine actors, weight sync, failures.
 
-One cluster (2 CPUs) per session and one DistributedRun (2 trainer workers + 1 engine actor) per module; the
+One cluster (2 CPUs) per module and one DistributedRun (2 trainer workers + 1 engine actor) per module; the
 trainer-crash test kills the trainer group, so it runs last.
 """
 
@@ -38,8 +38,9 @@ SMALL_GRAD_STEP_FRACTION = 0.02  # AdamW's first step is lr * g / (|g| + eps): f
 TEMPERATURE = 1.0
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Any:
+    """Module-scoped, not session-scoped: other tests check that they leave no child processes behind."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray

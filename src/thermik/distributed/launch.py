@@ -33,7 +33,12 @@ class TrainerWorkerError(RuntimeError):
 
 def init_ray(cfg: DistributedConfig, num_cpus: int | None = None) -> None:
     """Join `cfg.ray_address` ("auto" after `ray start`) or start a local Ray; no-op if Ray is already up."""
-    import ray
+    try:
+        import ray
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            "thermik.distributed needs Ray: pip install 'thermik[distributed]' (ray==2.60.0)"
+        ) from err
 
     if ray.is_initialized():
         return

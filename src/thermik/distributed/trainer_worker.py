@@ -89,10 +89,6 @@ class TrainerWorker:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return full_state_dict(self.policy)
 
-    def crash(self) -> None:
-        """Exit the process abruptly (tests of the driver's failure handling)."""
-        os._exit(1)
-
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, root: str, keep: int, step: int, extra: dict[str, Any]) -> str | None:
