@@ -114,6 +114,7 @@ class MonitorConfig(Section):
 class DistributedConfig(Section):
     """Scale-out on Ray (optional extra `distributed`): data-parallel trainer workers and engine actors."""
 
+    enabled: bool = Field(False, description="Train on Ray with the workers and engines below (thermik.distributed).")
     num_trainers: int = Field(1, ge=1, description="Data-parallel trainer workers (Ray actors in one torch group).")
     num_engines: int = Field(
         1, ge=0, description="Inference engine actors (each an embedded engine); 0 when generation runs elsewhere."
