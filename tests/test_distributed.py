@@ -164,6 +164,14 @@ def test_weight_sync_reaches_engine(dist_run: DistributedRun, method: str) -> No
     assert 0 < seconds < 30
 
 
+def test_pool_pushes_a_state_dict_from_the_driver(dist_run: DistributedRun) -> None:
+    """EnginePool.update_weights takes what the single-process loop pushes: a state dict of this process."""
+    state = {k: v + 0.01 for k, v in dist_run.trainer.state_dict().items()}
+    version = asyncio.run(dist_run.engines.update_weights(state))
+    assert version == ray.get(dist_run.engines.actors[0].weight_version.remote())
+    assert max_diff(ray.get(dist_run.engines.actors[0].state_dict.remote()), state) == 0.0
+
+
 def test_killed_engine_is_restarted_and_requests_resubmitted(dist_run: DistributedRun) -> None:
     pool = dist_run.engines
     asyncio.run(dist_run.sync_weights("collective"))

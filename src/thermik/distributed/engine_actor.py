@@ -44,9 +44,9 @@ class EngineActor:
             gen.weight_versions = [v + self._version_offset for v in gen.weight_versions]
         return gen
 
-    async def update_weights(self, path: str) -> int:
-        """Load a safetensors file or directory (weight_sync = files)."""
-        await self.engine.update_weights(Path(path))
+    async def update_weights(self, source: dict[str, torch.Tensor] | str) -> int:
+        """Load a state dict (Ray resolves an ObjectRef argument) or a safetensors file or directory."""
+        await self.engine.update_weights(Path(source) if isinstance(source, str) else source)
         return self.weight_version()
 
     async def restore(self, weights: dict[str, torch.Tensor] | str, version: int) -> int:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from thermik.inference.base import Generation, SamplingParams
+from thermik.inference.base import Generation, SamplingParams, WeightSource
 
 
 class EngineLostError(RuntimeError):
@@ -95,10 +95,14 @@ class EnginePool:
             slot.epoch += 1
             self.num_restarts += 1
 
-    async def update_weights(self, source: Any) -> int:
-        """Files mode: every engine loads `source` (a safetensors path); the pool remembers it for restarts."""
-        versions = await asyncio.gather(*(s.actor.update_weights.remote(str(source)) for s in self._slots))
-        self.set_current(str(source), versions[0])
+    async def update_weights(self, source: WeightSource) -> int:
+        """Every engine loads `source`: a safetensors path (weight_sync = files), or a state dict from this process,
+        put once in Ray's object store (what the single-process RL loop pushes). Kept for restarts."""
+        import ray
+
+        shared = ray.put(source) if isinstance(source, dict) else str(source)
+        versions = await asyncio.gather(*(s.actor.update_weights.remote(shared) for s in self._slots))
+        self.set_current(shared, versions[0])
         return self.version
 
     def set_current(self, restore_source: Any, version: int) -> None:
