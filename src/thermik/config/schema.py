@@ -230,6 +230,51 @@ class MonitorConfig(Section):
     wandb_project: str = Field("", description="Also log to this wandb project when set.")
 
 
+class DistributedConfig(Section):
+    """Scale-out on Ray (optional extra `distributed`): data-parallel trainer workers and engine actors."""
+
+    enabled: bool = Field(False, description="Train on Ray with the workers and engines below (thermik.distributed).")
+    num_trainers: int = Field(1, ge=1, description="Data-parallel trainer workers (Ray actors in one torch group).")
+    num_engines: int = Field(
+        1, ge=0, description="Inference engine actors (each an embedded engine); 0 when generation runs elsewhere."
+    )
+    placement: Literal["colocated", "disaggregated"] = Field(
+        "disaggregated",
+        description="colocated: engine i shares trainer i's placement bundle (devices); "
+        "disaggregated: every actor gets its own bundle.",
+    )
+    strategy: Literal["ddp", "fsdp2"] = Field(
+        "ddp", description="Data-parallel wrapper of the policy: DistributedDataParallel or FSDP2 (fully_shard)."
+    )
+    backend: Literal["gloo", "nccl"] = Field("gloo", description="torch.distributed backend: gloo (CPU) or nccl (GPU).")
+    weight_sync: Literal["collective", "files"] = Field(
+        "collective",
+        description="Trainer -> engine weights: a broadcast in a process group with the engines, "
+        "or safetensors files in weights_dir plus update_weights(path).",
+    )
+    weights_dir: str = Field(
+        "", description="Where weight_sync=files writes safetensors (shared by all nodes); empty: <run_dir>/weights."
+    )
+    cpus_per_actor: float = Field(1.0, gt=0, description="CPUs reserved per trainer worker and per engine actor.")
+    gpus_per_actor: float = Field(0.0, ge=0, description="GPUs reserved per trainer worker and per engine actor.")
+    engine_max_restarts: int = Field(3, ge=0, description="Times Ray restarts a dead engine actor before giving up.")
+    timeout_s: float = Field(300.0, gt=0, description="torch.distributed collective timeout in seconds.")
+    ray_address: str = Field(
+        "", description="Ray cluster to join ('auto' after `ray start`); empty starts a local one in this process."
+    )
+
+    @model_validator(mode="after")
+    def _collective_fits_devices(self) -> DistributedConfig:
+        if self.backend == "nccl" and self.placement == "colocated" and self.weight_sync == "collective":
+            raise ValueError(
+                "distributed: NCCL cannot broadcast between two processes on one GPU; with placement='colocated' "
+                "and backend='nccl' set weight_sync='files'"
+            )
+        if self.backend == "nccl" and self.gpus_per_actor <= 0:
+            raise ValueError("distributed.backend='nccl' needs GPUs: set distributed.gpus_per_actor > 0")
+        return self
+
+
 class RunConfig(Section):
     """`thermik rl`: GRPO on an environment."""
 
@@ -246,6 +291,9 @@ class RunConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Metrics and progress.")
+    distributed: DistributedConfig = Field(
+        default_factory=DistributedConfig, description="Ray scale-out (thermik.distributed.launch)."
+    )
 
     @property
     def run_dir(self) -> Path:

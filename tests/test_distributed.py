@@ -1,0 +1,235 @@
+"""Scale-out on a real local Ray cluster: data-parallel trainer workers, engine actors, weight sync, failures.
+
+One cluster (2 CPUs) per module and one DistributedRun (2 trainer workers + 1 engine actor) per module; the
+trainer-crash test kills the trainer group, so it runs last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("ray")
+import ray
+
+from thermik.config.schema import AlgorithmConfig, DistributedConfig, RunConfig, TrainerConfig
+from thermik.distributed.launch import DistributedRun, TrainerWorkerError, start
+from thermik.distributed.sharding import shard_batch
+from thermik.inference.base import SamplingParams
+from thermik.training import components
+from thermik.training.batch import TokenBatch
+from thermik.training.checkpoint import load_training_state
+from thermik.training.optim import build_optimizer
+from thermik.training.update import policy_update
+
+pytestmark = pytest.mark.ray
+
+GRAD_ATOL = 1e-6  # fp32 (measured max 3e-8): the ranks change only the summation order
+PARAM_ATOL = 1e-6  # after one AdamW step, on every weight whose gradient is above SMALL_GRAD (measured 1.2e-7)
+SMALL_GRAD = 1e-6
+SMALL_GRAD_STEP_FRACTION = 0.02  # AdamW's first step is lr * g / (|g| + eps): for |g| ~ eps = 1e-8 it turns
+# ~1e-10 rounding differences in g into moves of ~1e-2 * lr (measured 8.8e-6 at lr 1e-3)
+TEMPERATURE = 1.0
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Any:
+    """Module-scoped, not session-scoped: other tests check that they leave no child processes behind."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def run_config(model_dir: Path, out: Path, **dist: Any) -> RunConfig:
+    return RunConfig(
+        output_dir=str(out),
+        name="dist",
+        model={"path": str(model_dir)},
+        trainer={"micro_batch_size": 2, "optimizer": {"lr": 1e-3}},
+        distributed=DistributedConfig(**{"num_trainers": 2, "num_engines": 1, "cpus_per_actor": 0.5, **dist}),
+    )
+
+
+@pytest.fixture(scope="module")
+def dist_run(ray_cluster: Any, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> DistributedRun:
+    run = start(run_config(tiny_model_dir, tmp_path_factory.mktemp("dist_run")))
+    yield run
+    run.shutdown()
+
+
+def uneven_batch(seed: int = 0, vocab: int = 50) -> TokenBatch:
+    """6 sequences; the first three (rank 0's shard) are short, the last three long: shard token counts differ."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [6, 8, 7, 30, 26, 28]
+    prompt = 4
+    b, width = len(lengths), max(lengths)
+    input_ids = torch.randint(2, vocab, (b, width), generator=g)
+    attention = torch.zeros((b, width), dtype=torch.long)
+    mask = torch.zeros((b, width - 1))
+    for i, n in enumerate(lengths):
+        attention[i, :n] = 1
+        mask[i, prompt - 1 : n - 1] = 1.0
+    adv = torch.randn(b, 1, generator=g).expand(b, width - 1) * mask
+    rollout_logp = -torch.rand((b, width - 1), generator=g) * mask
+    return TokenBatch(input_ids, attention, mask, rollout_logp, adv.contiguous())
+
+
+def single_process_update(
+    cfg: RunConfig, checkpoint: Path, batch: TokenBatch, trainer: TrainerConfig, alg: AlgorithmConfig
+) -> tuple[torch.nn.Module, dict[str, float]]:
+    """Plain policy_update in this process, from the workers' checkpoint (weights, AdamW moments, schedule):
+    the reference the workers must reproduce."""
+    model, _ = components.load_policy(cfg.model)
+    opt, sched = build_optimizer(model, trainer.optimizer)
+    extra = load_training_state(checkpoint, model, opt)
+    sched.load_state_dict(extra["scheduler"])
+    metrics = policy_update(model, None, copy.deepcopy(batch), alg, trainer, opt, sched, TEMPERATURE)
+    return model, metrics
+
+
+def assert_params_match(
+    got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], lr: float
+) -> None:
+    assert max_diff(got, want) < SMALL_GRAD_STEP_FRACTION * lr
+    for name, grad in grads.items():
+        large = grad.abs() > SMALL_GRAD
+        assert float((got[name] - want[name]).abs()[large].max()) < PARAM_ATOL, name
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.mark.parametrize(
+    ("reduction", "mini_batches"), [("token_mean", 1), ("sequence_mean", 1)], ids=["token_mean", "sequence_mean"]
+)
+def test_two_workers_match_single_process(dist_run: DistributedRun, reduction: str, mini_batches: int) -> None:
+    cfg = dist_run.cfg
+    alg = AlgorithmConfig(reduction=reduction)
+    trainer = cfg.trainer.model_copy(update={"mini_batches": mini_batches})
+    before = dist_run.trainer.state_dict()
+    checkpoint = dist_run.trainer.save_checkpoint(1, {})
+    batch = uneven_batch()
+    shards = shard_batch(batch, 2, mini_batches, reduction)
+    assert shards[0].num_tokens * 3 < shards[1].num_tokens  # uneven, so the global normaliser matters
+
+    metrics = dist_run.trainer.update(batch, alg, trainer, TEMPERATURE)
+    grads, after = dist_run.trainer.grads(), dist_run.trainer.state_dict()
+    ref_model, ref_metrics = single_process_update(cfg, checkpoint, batch, trainer, alg)
+    ref_grads = {n: p.grad for n, p in ref_model.named_parameters()}
+    ref_after = ref_model.state_dict()
+
+    assert max_diff(grads, ref_grads) < GRAD_ATOL
+    assert_params_match(after, ref_after, ref_grads, trainer.optimizer.lr)
+    assert max_diff(after, before) > 1e-4  # the step moved the weights
+    for key in ("policy/loss", "policy/grad_norm", "policy/entropy", "mismatch/logprob_abs_diff"):
+        assert metrics[key] == pytest.approx(ref_metrics[key], rel=1e-5, abs=1e-7), key
+    # Averaging each shard's own (locally normalised) gradient, what plain DDP would do, is measurably wrong.
+    naive = [dict(single_process_update(cfg, checkpoint, s.batch, trainer, alg)[0].named_parameters()) for s in shards]
+    naive_grads = {n: (p.grad + naive[1][n].grad) / 2 for n, p in naive[0].items()}
+    assert reduction == "sequence_mean" or max_diff(naive_grads, ref_grads) > 100 * GRAD_ATOL
+
+
+def test_mini_batches_match_single_process(dist_run: DistributedRun) -> None:
+    """Two optimizer steps per update: each rank's mini-batch k is its part of global mini-batch k."""
+    cfg = dist_run.cfg
+    alg, trainer = AlgorithmConfig(), cfg.trainer.model_copy(update={"mini_batches": 2})
+    checkpoint = dist_run.trainer.save_checkpoint(2, {})
+    batch = uneven_batch(seed=1)
+    batch = TokenBatch(
+        *(t[torch.tensor([0, 3, 1, 2, 4, 5])] if t is not None else None for t in batch.__dict__.values())
+    )
+    batch = batch.slice(0, 4)
+    dist_run.trainer.update(batch, alg, trainer, TEMPERATURE)
+    ref_model, _ = single_process_update(cfg, checkpoint, batch, trainer, alg)
+    assert max_diff(dist_run.trainer.state_dict(), ref_model.state_dict()) < GRAD_ATOL
+
+
+@pytest.mark.parametrize("method", ["collective", "files"])
+def test_weight_sync_reaches_engine(dist_run: DistributedRun, method: str) -> None:
+    version_before = ray.get(dist_run.engines.actors[0].weight_version.remote())
+    version, seconds = asyncio.run(dist_run.sync_weights(method))
+    trainer_state = dist_run.trainer.state_dict()
+    engine_state = ray.get(dist_run.engines.actors[0].state_dict.remote())
+    assert version == version_before + 1 == dist_run.engines.weight_version
+    assert max_diff(engine_state, trainer_state) == 0.0
+    assert 0 < seconds < 30
+
+
+def test_pool_pushes_a_state_dict_from_the_driver(dist_run: DistributedRun) -> None:
+    """EnginePool.update_weights takes what the single-process loop pushes: a state dict of this process."""
+    state = {k: v + 0.01 for k, v in dist_run.trainer.state_dict().items()}
+    version = asyncio.run(dist_run.engines.update_weights(state))
+    assert version == ray.get(dist_run.engines.actors[0].weight_version.remote())
+    assert max_diff(ray.get(dist_run.engines.actors[0].state_dict.remote()), state) == 0.0
+
+
+def test_killed_engine_is_restarted_and_requests_resubmitted(dist_run: DistributedRun) -> None:
+    pool = dist_run.engines
+    asyncio.run(dist_run.sync_weights("collective"))
+    version, actor = pool.version, pool.actors[0]
+    pid_before = ray.get(actor.pid.remote())
+    sampling = SamplingParams(max_tokens=1500, temperature=1.0, seed=0)
+
+    async def generate_and_kill() -> tuple[list[Any], int]:
+        tasks = [asyncio.create_task(pool.generate([5, 6, 7, 8 + i], sampling)) for i in range(16)]
+        await asyncio.sleep(0.05)  # submitted: running or queued on the actor
+        in_flight = sum(not t.done() for t in tasks)
+        ray.kill(actor, no_restart=False)
+        return await asyncio.gather(*tasks), in_flight
+
+    gens, in_flight = asyncio.run(generate_and_kill())
+    assert in_flight >= 1, "every request finished before the kill"
+    assert pool.num_restarts == 1 and 1 <= pool.num_resubmitted <= in_flight
+    assert ray.get(actor.pid.remote()) != pid_before
+    assert all(g.stop_reason in ("stop", "length") and g.token_ids for g in gens)
+    assert all(g.weight_version == version and set(g.weight_versions) == {version} for g in gens)
+    restored = ray.get(actor.state_dict.remote())
+    assert max_diff(restored, dist_run.trainer.state_dict()) == 0.0
+    # The restarted engine rejoins the broadcast group on the next sync.
+    new_version, _ = asyncio.run(dist_run.sync_weights("collective"))
+    assert new_version == version + 1 == ray.get(actor.weight_version.remote())
+
+
+def test_trainer_crash_stops_run_with_checkpoint_intact(dist_run: DistributedRun) -> None:
+    """Kills the DDP trainer group, so it runs after every other test of dist_run; frees its resources at the end."""
+    trainer = dist_run.trainer
+    saved = trainer.save_checkpoint(3, {"note": "before crash"})
+    ray.kill(trainer.workers[1])
+    with pytest.raises(TrainerWorkerError, match=r"rank 1 of 2 failed.*checkpoint is .*step_3"):
+        trainer.update(uneven_batch(), AlgorithmConfig(), dist_run.cfg.trainer, TEMPERATURE)
+    assert trainer.checkpoints.latest() == saved
+    model, _ = components.load_policy(dist_run.cfg.model)
+    extra = load_training_state(saved, model, None)
+    assert extra["step"] == 3 and extra["note"] == "before crash"
+    dist_run.shutdown()  # frees the CPUs for fsdp_run
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(ray_cluster: Any, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> DistributedRun:
+    """Two FSDP2 trainer workers (gloo, CPU) and no engine."""
+    cfg = run_config(tiny_model_dir, tmp_path_factory.mktemp("fsdp_run"), strategy="fsdp2", num_engines=0)
+    run = start(cfg)
+    yield run
+    run.shutdown()
+
+
+@pytest.mark.slow
+def test_fsdp2_matches_single_process(fsdp_run: DistributedRun) -> None:
+    cfg, alg = fsdp_run.cfg, AlgorithmConfig()
+    checkpoint = fsdp_run.trainer.save_checkpoint(1, {})
+    batch = uneven_batch(seed=2)
+    metrics = fsdp_run.trainer.update(batch, alg, cfg.trainer, TEMPERATURE)
+    ref_model, ref_metrics = single_process_update(cfg, checkpoint, batch, cfg.trainer, alg)
+    ref_grads = {n: p.grad for n, p in ref_model.named_parameters()}
+    assert max_diff(fsdp_run.trainer.grads(), ref_grads) < GRAD_ATOL
+    assert_params_match(fsdp_run.trainer.state_dict(), ref_model.state_dict(), ref_grads, cfg.trainer.optimizer.lr)
+    assert metrics["policy/grad_norm"] == pytest.approx(ref_metrics["policy/grad_norm"], rel=1e-5)
