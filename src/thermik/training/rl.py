@@ -17,7 +17,7 @@ from thermik.config.loader import dump_toml
 from thermik.config.schema import RunConfig
 from thermik.data.sampler import PromptSampler
 from thermik.eval.evaluate import EvalResult, evaluate
-from thermik.inference.embedded import EmbeddedEngine
+from thermik.inference.base import InferenceEngine
 from thermik.monitor.metrics import MetricsLogger
 from thermik.monitor.plots import plot_run
 from thermik.monitor.progress import StepProgress, print_table
@@ -41,7 +41,7 @@ class RLRun:
     policy: torch.nn.Module
     ref: torch.nn.Module | None
     chat: ChatTokenizer
-    engine: EmbeddedEngine
+    engine: InferenceEngine
     make_env: EnvFactory
     sampler: PromptSampler
     held_out: list[dict[str, Any]]
