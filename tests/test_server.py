@@ -16,12 +16,17 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
 from openai.types.chat import ChatCompletion
+from schemathesis.checks import not_a_server_error
+from schemathesis.config import SchemathesisConfig
 from serving import embedded_engine, running
 
-from thermik.inference.base import SamplingParams
+from thermik.inference.base import Generation, SamplingParams
 from thermik.inference.server.app import build_app
 from thermik.models.presets import init_model
+from thermik.tools.parsers import format_hermes_tool_call
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 512
@@ -211,3 +216,237 @@ def test_update_weights_changes_version_and_outputs(
     again = httpx.post(url + "/v1/completions", json=body).json()["choices"][0]
     assert again["token_ids"] == before["token_ids"]
     assert httpx.get(url + "/health").json()["weight_version"] == version + 2
+
+
+def test_stop_strings_cut_the_text_where_the_engine_output_holds_them(
+    served: tuple[str, Any, Any], client: openai.OpenAI
+) -> None:
+    _, _, tokenizer = served
+    body: dict[str, Any] = {"model": MODEL, "prompt": "stop here", "max_tokens": 24, "seed": 21, "temperature": 0.7}
+    full = client.completions.create(**body, extra_body={"return_token_ids": True}).choices[0]
+    stop = full.text[5:7]
+    assert len(stop) == 2 and full.text.find(stop) >= 0
+    cut = client.completions.create(**body, stop=[stop, "never-there"], extra_body={"return_token_ids": True})
+    choice = cut.choices[0]
+    assert choice.text == full.text[: full.text.find(stop)] and choice.finish_reason == "stop"
+    kept = choice.model_extra["token_ids"]
+    assert kept == full.model_extra["token_ids"][: len(kept)]
+    assert stop in tokenizer.decode(kept) and stop not in tokenizer.decode(kept[:-1])
+    streamed = "".join(
+        c.choices[0].text for c in client.completions.create(**body, stop=stop, stream=True) if c.choices
+    )
+    assert streamed == choice.text
+
+
+@pytest.mark.xfail(strict=False, reason="top_logprobs need the rewritten EmbeddedEngine (Generation.top_logprobs)")
+def test_top_logprobs_are_returned_sorted(client: openai.OpenAI) -> None:
+    reply = _chat(client, logprobs=True, top_logprobs=3, max_tokens=4)
+    for entry in reply.choices[0].logprobs.content:
+        tops = [t.logprob for t in entry.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True)
+        assert entry.logprob <= tops[0] + 1e-6
+
+
+# ---------------------------------------------------------------------------------------------- scripted replies
+
+
+class ScriptedEngine:
+    """Answers every request with the token ids of `text` (+ eos): steers replies an untrained model never writes."""
+
+    def __init__(self, tokenizer: Any, text: str = "") -> None:
+        self.tokenizer, self.text = tokenizer, text
+        self.weight_version = 0
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None
+    ) -> Generation:
+        script = [*self.tokenizer.encode(self.text, add_special_tokens=False), self.tokenizer.eos_token_id]
+        ids = script[: sampling.max_tokens]
+        reason = "stop" if len(ids) == len(script) else "length"
+        return Generation(ids, [-0.5] * len(ids), reason, 0, [0] * len(ids))
+
+    async def update_weights(self, source: Any) -> int:
+        raise ValueError("a scripted engine has no weights")
+
+    async def close(self) -> None:
+        return None
+
+
+API_KEY = "sk-test-key"
+
+
+@pytest.fixture(scope="module")
+def scripted(served: tuple[str, Any, Any]) -> Iterator[tuple[str, ScriptedEngine]]:
+    engine = ScriptedEngine(served[2])
+    with running(build_app(engine, served[2], MODEL, api_key=API_KEY, max_model_len=MAX_MODEL_LEN)) as url:
+        yield url, engine
+
+
+def _scripted_client(url: str, key: str = API_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+
+
+def test_tool_calls_are_parsed_into_openai_tool_calls(scripted: tuple[str, ScriptedEngine]) -> None:
+    url, engine = scripted
+    engine.text = "Let me compute.\n" + format_hermes_tool_call("calculate", {"expression": "2+3"})
+    raw = httpx.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"}, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "2+3?"}], "tools": TOOLS,
+    }).json()  # fmt: skip
+    reply = ChatCompletion.model_validate(raw)  # the SDK's own schema accepts the response
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me compute."
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "calculate" and json.loads(call.function.arguments) == {"expression": "2+3"}
+    plain = _scripted_client(url).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "2+3?"}], tools=TOOLS, tool_choice="none"
+    )
+    assert plain.choices[0].message.tool_calls is None and "<tool_call>" in plain.choices[0].message.content
+    no_tools = _scripted_client(url).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    assert no_tools.choices[0].finish_reason == "stop" and no_tools.choices[0].message.tool_calls is None
+
+
+def test_streamed_tool_calls_match_the_unstreamed_reply(scripted: tuple[str, ScriptedEngine]) -> None:
+    url, engine = scripted
+    engine.text = format_hermes_tool_call("calculate", {"expression": "7*6"})
+    stream = _scripted_client(url).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "7*6?"}], tools=TOOLS, stream=True
+    )
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in stream:
+        for c in chunk.choices:
+            for d in c.delta.tool_calls or []:
+                entry = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                entry["name"] += d.function.name or ""
+                entry["arguments"] += d.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls"
+    assert [(v["name"], json.loads(v["arguments"])) for v in calls.values()] == [("calculate", {"expression": "7*6"})]
+
+
+def test_api_key_is_required_when_set(scripted: tuple[str, ScriptedEngine]) -> None:
+    url, engine = scripted
+    engine.text = "ok"
+    with pytest.raises(openai.AuthenticationError) as exc:
+        _scripted_client(url, "wrong-key").models.list()
+    assert exc.value.status_code == 401
+    for headers in ({}, {"Authorization": "Basic abc"}, {"Authorization": f"Bearer {API_KEY}x"}):
+        resp = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "a"}, headers=headers)
+        assert resp.status_code == 401
+        assert resp.json()["error"] | {"message": ""} == ERROR_SHAPE | {"code": "invalid_api_key"}
+    assert httpx.post(url + "/update_weights", json={"path": "/"}).status_code == 401
+    assert httpx.get(url + "/health").status_code == 200  # liveness needs no key
+    assert _scripted_client(url).completions.create(model=MODEL, prompt="a").choices[0].text == "ok"
+
+
+ERROR_SHAPE = {"message": "", "type": "invalid_request_error", "param": None, "code": None}
+
+
+_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+_TEXT = {"model": MODEL, "prompt": "hi"}
+_BAD_CALL = {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                                 "function": {"name": "f", "arguments": "{not json"}}]}  # fmt: skip
+MALFORMED: list[tuple[str, str, Any, int, str | None]] = [
+    # (method, path, JSON body or raw bytes, status, param named in the error)
+    ("POST", "/v1/chat/completions", {"messages": _CHAT["messages"]}, 400, "model"),
+    ("POST", "/v1/chat/completions", _CHAT | {"model": "gpt-9"}, 404, "model"),
+    ("POST", "/v1/chat/completions", _CHAT | {"messages": []}, 400, "messages"),
+    ("POST", "/v1/chat/completions", _CHAT | {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role"),
+    ("POST", "/v1/chat/completions", _CHAT | {"n": 0}, 400, "n"),
+    ("POST", "/v1/chat/completions", _CHAT | {"n": 1000}, 400, "n"),
+    ("POST", "/v1/chat/completions", _CHAT | {"temperature": -1}, 400, "temperature"),
+    ("POST", "/v1/chat/completions", _CHAT | {"top_p": 0}, 400, "top_p"),
+    ("POST", "/v1/chat/completions", _CHAT | {"max_tokens": 0}, 400, "max_tokens"),
+    ("POST", "/v1/chat/completions", _CHAT | {"max_tokens": 10**6}, 400, "max_tokens"),
+    ("POST", "/v1/chat/completions", _CHAT | {"max_completion_tokens": 10**6}, 400, "max_completion_tokens"),
+    ("POST", "/v1/chat/completions", _CHAT | {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ("POST", "/v1/chat/completions", _CHAT | {"stop": [""]}, 400, "stop"),
+    ("POST", "/v1/chat/completions", _CHAT | {"top_logprobs": 3}, 400, "top_logprobs"),
+    ("POST", "/v1/chat/completions", _CHAT | {"logprobs": True, "top_logprobs": 99}, 400, "top_logprobs"),
+    ("POST", "/v1/chat/completions", _CHAT | {"frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    ("POST", "/v1/chat/completions", _CHAT | {"tool_choice": "required"}, 400, "tool_choice"),
+    ("POST", "/v1/chat/completions", _CHAT | {"temperatur": 0.5}, 400, "temperatur"),
+    (
+        "POST",
+        "/v1/chat/completions",
+        _CHAT | {"messages": [_BAD_CALL]},
+        400,
+        "messages.0.tool_calls.0.function.arguments",
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        _CHAT | {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        400,
+        "messages.0.content",
+    ),
+    ("POST", "/v1/chat/completions", _CHAT | {"stop_token_ids": [10**6]}, 400, "stop_token_ids"),
+    ("POST", "/v1/chat/completions", b"{not json", 400, None),
+    ("POST", "/v1/chat/completions", b"[1, 2]", 400, None),
+    ("POST", "/v1/completions", _TEXT | {"prompt": ""}, 400, "prompt"),
+    ("POST", "/v1/completions", _TEXT | {"prompt": []}, 400, "prompt"),
+    ("POST", "/v1/completions", _TEXT | {"prompt": [[]]}, 400, "prompt"),
+    ("POST", "/v1/completions", _TEXT | {"prompt": [1, "a"]}, 400, "prompt"),
+    ("POST", "/v1/completions", _TEXT | {"prompt": [5000]}, 400, "prompt"),
+    ("POST", "/v1/completions", _TEXT | {"prompt": [-1]}, 400, "prompt"),
+    ("POST", "/v1/completions", _TEXT | {"prompt": "x" * 600}, 400, "prompt"),
+    ("POST", "/v1/completions", _TEXT | {"logprobs": 50}, 400, "logprobs"),
+    ("POST", "/v1/completions", _TEXT | {"echo": True}, 400, "echo"),
+    ("POST", "/v1/completions", _TEXT | {"seed": 2**70}, 400, "seed"),
+    ("POST", "/v1/completions", _TEXT | {"max_tokens": "many"}, 400, "max_tokens"),
+    ("POST", "/update_weights", {}, 400, "path"),
+    ("POST", "/update_weights", {"path": "/no/such/dir"}, 400, "path"),
+    ("POST", "/update_weights", {"path": "/"}, 400, "path"),
+    ("GET", "/v1/completions", None, 405, None),
+    ("GET", "/v1/nothing-here", None, 404, None),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "param"), MALFORMED)
+def test_malformed_requests_get_a_4xx_with_an_openai_error_body(
+    scripted: tuple[str, ScriptedEngine], method: str, path: str, body: Any, status: int, param: str | None
+) -> None:
+    url, engine = scripted
+    engine.text = "fine"
+    kw: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
+    resp = httpx.request(method, url + path, headers={"Authorization": f"Bearer {API_KEY}"}, **kw)
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["message"] and error["param"] == param
+
+
+# ---------------------------------------------------------------------------------------------- schema fuzz
+
+FUZZ_MAX_MODEL_LEN = 24  # keeps every generated request cheap: prompt + completion <= 24 tokens
+# Generated examples only (positive and negative); the exhaustive coverage phase sends ~800 requests.
+FUZZ_CONFIG = SchemathesisConfig.from_dict({"phases": {"coverage": {"enabled": False}}})
+
+
+@pytest.fixture(scope="module")
+def fuzz_schema(tiny_model_dir: Path) -> Iterator[Any]:
+    """The OpenAPI description of a real-engine server, loaded by schemathesis from the live URL."""
+    engine, tokenizer = embedded_engine(tiny_model_dir)
+    app = build_app(engine, tokenizer, MODEL, max_model_len=FUZZ_MAX_MODEL_LEN)
+    with running(app, on_exit=engine.close) as url:
+        yield schemathesis.openapi.from_url(url + "/openapi.json", config=FUZZ_CONFIG)
+
+
+def _openai_error_body(ctx: Any, response: Any, case: Any) -> bool:
+    """Every 4xx carries {"error": {"message", "type", "param", "code"}}."""
+    if 400 <= response.status_code < 500:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["message"], response.text
+    return True
+
+
+fuzz = schemathesis.pytest.from_fixture("fuzz_schema")
+
+
+@fuzz.parametrize()
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_schema_fuzz_finds_no_server_error(case: Any) -> None:
+    if isinstance(case.body, dict) and isinstance(case.body.get("model"), str):
+        case.body["model"] = MODEL  # reach the engine: a wrong name is a 404 before it (tested above)
+    case.call_and_validate(checks=[not_a_server_error, _openai_error_body], timeout=30)

@@ -51,12 +51,12 @@ class OpenAIServer:
         if bad:
             raise ApiError(400, f"token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}", param)
 
-    def _max_tokens(self, prompt: list[int], requested: int | None, param: str) -> int:
+    def _max_tokens(self, prompt: list[int], requested: int | None, param: str, prompt_param: str) -> int:
         room = self.max_model_len - len(prompt)
         if room < 1:
             raise ApiError(
                 400, f"the prompt has {len(prompt)} tokens; the context holds {self.max_model_len} with at least "
-                "one to generate: shorten the prompt", "messages" if param == "max_tokens" else "prompt",
+                "one to generate: shorten the prompt", prompt_param,
                 "context_length_exceeded",
             )  # fmt: skip
         if requested is not None and requested > room:
@@ -67,14 +67,15 @@ class OpenAIServer:
         return room if requested is None else requested
 
     async def _generate(
-        self, prompts: list[list[int]], body: _Sampling, requested: int | None, top: int, param: str
+        self, prompts: list[list[int]], body: _Sampling, requested: int | None, top: int, param: str, prompt_param: str
     ) -> list[outputs.Choice]:
+        """n engine calls per prompt, all awaited together; `param`/`prompt_param` name the fields in errors."""
         self._check_model(body)
         self._check_ids(body.stop_token_ids, "stop_token_ids")
         for prompt in prompts:
             if not prompt:
-                raise ApiError(400, "the prompt is empty: send at least one token", "prompt")
-        limits = [self._max_tokens(p, requested, param) for p in prompts]
+                raise ApiError(400, "the prompt is empty: send at least one token", prompt_param)
+        limits = [self._max_tokens(p, requested, param, prompt_param) for p in prompts]
         stops = body.stop_strings()
         calls = []
         for prompt, max_tokens in zip(prompts, limits, strict=True):
@@ -114,7 +115,7 @@ class OpenAIServer:
     async def completions(self, body: CompletionRequest) -> Any:
         prompts = self._completion_prompts(body.prompt)
         top = body.logprobs or 0
-        choices = await self._generate(prompts, body, body.max_tokens, top, "max_tokens")
+        choices = await self._generate(prompts, body, body.max_tokens, top, "max_tokens", "prompt")
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name}  # fmt: skip
         as_ids = body.return_tokens_as_token_ids
@@ -157,7 +158,7 @@ class OpenAIServer:
             raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         requested = body.max_completion_tokens or body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-        choices = await self._generate([prompt], body, requested, top, param)
+        choices = await self._generate([prompt], body, requested, top, param, "messages")
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name}  # fmt: skip
         parse_tools = bool(body.tools) and body.tool_choice != "none"
@@ -245,15 +246,37 @@ def _sse(events: Any) -> StreamingResponse:
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _split_loc(loc: tuple[Any, ...]) -> tuple[list[str], str | None]:
+    """(field path, union member tag or None): pydantic puts the tried type ('str', 'list[int]') into the loc."""
+    path: list[str] = []
+    for part in loc:
+        if part == "body":
+            continue
+        if isinstance(part, str) and (not part.isidentifier() or part in _TYPE_TAGS):
+            return path, part
+        path.append(str(part))
+    return path, None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-    return f"{param or 'body'}: {first.get('msg', 'invalid')}{more}", param
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', 'decode error')}", None
+    path, tag = _split_loc(tuple(first.get("loc", ())))
+    param = ".".join(path) or None
+    message = f"{param or 'body'}: {first.get('msg', 'invalid')}"
+    if tag is not None:
+        tags = sorted({t for e in errors if (t := _split_loc(tuple(e.get("loc", ())))[1])})
+        message = f"{param}: matches none of the accepted forms ({', '.join(tags)}); e.g. {first.get('msg')}"
+    elif len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problems)"
+    return message, param
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -7,10 +7,11 @@ thermik does not implement are accepted only at their no-op value. Extensions fo
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
 MAX_N = 64
 MAX_TOP_LOGPROBS = 20
 
@@ -70,7 +71,7 @@ class _Sampling(_Body):
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="vLLM extension.")
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] = Field(default_factory=list, description="vLLM extension.")
+    stop_token_ids: list[TokenId] = Field(default_factory=list, description="vLLM extension.")
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -109,7 +110,7 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: Literal[False] = Field(False, description="Not implemented: only false is accepted.")
     suffix: None = Field(None, description="Not implemented.")
