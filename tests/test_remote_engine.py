@@ -166,6 +166,10 @@ def test_rl_steps_through_a_thermik_inference_server(tiny_model_dir: Path, tmp_p
         ]
         steps = [m for m in metrics if "weights/version" in m]
         assert [m["weights/version"] for m in steps] == [1.0, 2.0]
+        # The server sampled with the trainer's weights: its logprobs agree with the trainer's own.
+        assert all(m["mismatch/logprob_abs_diff"] < 1e-4 for m in steps), [
+            m["mismatch/logprob_abs_diff"] for m in steps
+        ]
         assert httpx.get(url + "/weight_version").json() == {"weight_version": 2}
         assert not list((tmp_path / "weights").glob("v000001")), "older pushed weights are removed"
     finally:
