@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import httpx
 import openai
 import pytest
 import schemathesis
+from conftest import run_thermik
 from hypothesis import HealthCheck, settings
 from openai.types.chat import ChatCompletion
 from schemathesis.checks import not_a_server_error
@@ -450,3 +452,16 @@ def test_schema_fuzz_finds_no_server_error(case: Any) -> None:
     if isinstance(case.body, dict) and isinstance(case.body.get("model"), str):
         case.body["model"] = MODEL  # reach the engine: a wrong name is a 404 before it (tested above)
     case.call_and_validate(checks=[not_a_server_error, _openai_error_body], timeout=30)
+
+
+def test_thermik_inference_cli_resolves_its_config() -> None:
+    res = run_thermik("inference", "--dry-run", "--server.port", "8123", "--server.api_key", "k")
+    assert res.returncode == 0, res.stderr
+    cfg = tomllib.loads(res.stdout)
+    assert (
+        cfg["server"]["port"] == 8123 and cfg["server"]["api_key"] == "k" and cfg["inference"]["backend"] == "embedded"
+    )
+    res = run_thermik("inference", "--inference.backend", "remote")
+    assert res.returncode == 2 and "inference.backend" in res.stderr and "Traceback" not in res.stderr
+    res = run_thermik("inference", "--server.prot", "1")
+    assert res.returncode == 2 and "server.port" in res.stderr

@@ -6,6 +6,7 @@ import asyncio
 import secrets
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +190,16 @@ class OpenAIServer:
             response["prompt_token_ids"] = prompt
         return response
 
-    def _chat_stream(self, head, choices, message, logprobs, parse_tools, body, use) -> StreamingResponse:
+    def _chat_stream(
+        self,
+        head: dict[str, Any],
+        choices: list[outputs.Choice],
+        message: Callable[[outputs.Choice], tuple[dict[str, Any], str]],
+        logprobs: Callable[..., dict | None],
+        parse_tools: bool,
+        body: ChatCompletionRequest,
+        use: dict[str, int],
+    ) -> StreamingResponse:
         """Content streams token by token; a reply that holds tool calls sends its content and calls in one chunk."""
         head = {**head, "object": "chat.completion.chunk"}
         first = [[{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
