@@ -446,6 +446,7 @@ def _openai_error_body(ctx: Any, response: Any, case: Any) -> bool:
 fuzz = schemathesis.pytest.from_fixture("fuzz_schema")
 
 
+@pytest.mark.slow
 @fuzz.parametrize()
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_schema_fuzz_finds_no_server_error(case: Any) -> None:
