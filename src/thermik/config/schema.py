@@ -57,6 +57,7 @@ class ServerConfig(Section):
     api_key: str = Field("", description="Require 'Authorization: Bearer <key>' on /v1 and /update_weights when set.")
     served_model_name: str = Field("", description="Model name in the API; empty uses the model directory's name.")
     max_model_len: int = Field(0, ge=0, description="Longest prompt + completion; 0 uses the model's context length.")
+    access_log: bool = Field(False, description="Log every request (uvicorn's access log); RL sends thousands.")
 
 
 class EnvConfig(Section):

@@ -36,7 +36,9 @@ def serve(cfg: ServeConfig) -> None:
 
     async def run() -> None:
         try:
-            await uvicorn.Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="info")).serve()
+            await uvicorn.Server(
+                uvicorn.Config(app, host=s.host, port=s.port, log_level="info", access_log=s.access_log)
+            ).serve()
         finally:
             await engine.close()
 
