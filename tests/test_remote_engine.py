@@ -106,6 +106,37 @@ def test_refused_requests_raise_value_error_and_a_dead_server_connection_error(s
         _generate_all(_remote("http://127.0.0.1:9", model=MODEL), [[1]], [SamplingParams(max_tokens=2)])
 
 
+def test_a_connection_closed_by_the_server_is_retried_on_a_fresh_one() -> None:
+    """The keep-alive race: the server drops a connection as a request goes out on it (here: the first two)."""
+    choice = {"index": 0, "text": "", "finish_reason": "length", "token_ids": [5, 6],
+              "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-1.0, -2.0]}}  # fmt: skip
+    body = json.dumps({"choices": [choice]}).encode()
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await reader.readuntil(b"\r\n\r\n")
+        if connections > 2:
+            head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+            writer.write(head.encode() + body)
+            await writer.drain()
+        writer.close()
+
+    async def main() -> Generation:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        engine = RemoteEngine(f"http://127.0.0.1:{port}", model=MODEL)
+        try:
+            return await engine.generate([1, 2], SamplingParams(max_tokens=2))
+        finally:
+            await engine.close()
+            server.close()
+
+    gen = asyncio.run(main())
+    assert gen.token_ids == [5, 6] and gen.logprobs == [-1.0, -2.0] and connections == 3
+
+
 def test_vllm_style_choice_with_token_id_strings() -> None:
     """vLLM started with --return-tokens-as-token-ids (no return_token_ids support) names tokens 'token_id:N'."""
     choice = {

@@ -24,6 +24,12 @@ from thermik.inference.base import Generation, SamplingParams, StopReason, Weigh
 
 _FINISH: dict[str | None, StopReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 TOKEN_ID_PREFIX = "token_id:"
+# A pooled keep-alive connection can be closed by the server just as a request goes out on it (uvicorn closes
+# idle connections after 5 s; an RL step's training phase is longer). Such a request did not reach the handler,
+# so it is sent again on a fresh connection; other transport errors (timeouts) are not retried.
+_RETRIED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+ATTEMPTS = 4
+KEEPALIVE_EXPIRY_S = 2.0  # below uvicorn's 5 s keep-alive timeout, so the client drops idle connections first
 
 
 class RemoteError(RuntimeError):
@@ -100,7 +106,11 @@ class RemoteEngine:
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0))
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._limits = httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
+        )
         self._own_weights_dir = not weights_dir
         self.weights_dir = Path(weights_dir) if weights_dir else Path(tempfile.mkdtemp(prefix="thermik-weights-"))
         self._client: httpx.AsyncClient | None = None
@@ -123,10 +133,21 @@ class RemoteEngine:
         return self._client
 
     async def _request(self, method: str, path: str, json: dict[str, Any] | None = None) -> dict[str, Any]:
-        try:
-            resp = await self._http().request(method, path, json=json)
-        except httpx.HTTPError as exc:
-            raise ConnectionError(f"cannot reach the inference server at {self.base_url}{path}: {exc}") from exc
+        for attempt in range(ATTEMPTS):
+            try:
+                resp = await self._http().request(method, path, json=json)
+                break
+            except _RETRIED as exc:
+                if attempt == ATTEMPTS - 1:
+                    raise ConnectionError(
+                        f"cannot reach the inference server at {self.base_url}{path} after {ATTEMPTS} attempts: "
+                        f"{type(exc).__name__} {exc}"
+                    ) from exc
+                await asyncio.sleep(0.05 * 2**attempt)
+            except httpx.HTTPError as exc:
+                raise ConnectionError(
+                    f"inference server request {self.base_url}{path} failed: {type(exc).__name__} {exc}"
+                ) from exc
         if resp.status_code >= 400:
             try:
                 message = resp.json()["error"]["message"]

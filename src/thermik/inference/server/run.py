@@ -7,6 +7,8 @@ from pathlib import Path
 
 from thermik.config.schema import ServeConfig
 
+KEEP_ALIVE_S = 30  # uvicorn's default 5 s closes pooled client connections between RL steps
+
 
 def serve(cfg: ServeConfig) -> None:
     import uvicorn
@@ -37,7 +39,14 @@ def serve(cfg: ServeConfig) -> None:
     async def run() -> None:
         try:
             await uvicorn.Server(
-                uvicorn.Config(app, host=s.host, port=s.port, log_level="info", access_log=s.access_log)
+                uvicorn.Config(
+                    app,
+                    host=s.host,
+                    port=s.port,
+                    log_level="info",
+                    access_log=s.access_log,
+                    timeout_keep_alive=KEEP_ALIVE_S,
+                )
             ).serve()
         finally:
             await engine.close()
