@@ -12,17 +12,12 @@ from typing import Any
 
 import uvicorn
 
-from thermik.inference.embedded import EmbeddedEngine
-from thermik.models.loading import load_model, load_tokenizer
+from thermik.inference.server.run import load_engine
 
 
-def embedded_engine(model_dir: Path, seed: int = 0) -> tuple[EmbeddedEngine, Any]:
-    """An embedded engine over the model in `model_dir` and its tokenizer, stopping where `thermik inference` does."""
-    model = load_model(model_dir).requires_grad_(False)
-    tokenizer = load_tokenizer(model_dir)
-    stop_ids = sorted({tokenizer.eos_token_id, tokenizer.pad_token_id} - {None})
-    engine = EmbeddedEngine(model, eos_token_ids=stop_ids, pad_token_id=tokenizer.pad_token_id, seed=seed)
-    return engine, tokenizer
+def embedded_engine(model_dir: Path, seed: int = 0) -> tuple[Any, Any]:
+    """(engine, tokenizer) over the model in `model_dir`, built exactly as `thermik inference` builds them."""
+    return load_engine(model_dir, seed=seed)
 
 
 @contextmanager
@@ -40,7 +35,7 @@ def running(app: Any, on_exit: Callable[[], Awaitable[None]] | None = None) -> I
 
     thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True, name="uvicorn-test-server")
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("the test server did not start")

@@ -26,6 +26,7 @@ from thermik.models.loading import load_model
 from thermik.models.presets import init_model
 
 MODEL = "tiny"
+http = httpx.Client(timeout=120)  # generous: the 2 shared cores can be heavily loaded
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_update_weights_pushes_a_state_dict_through_safetensors(
     assert (
         v2
         == v1 + 1
-        == httpx.get(url + "/weight_version", headers={"Authorization": "Bearer k3y"}).json()["weight_version"]
+        == http.get(url + "/weight_version", headers={"Authorization": "Bearer k3y"}).json()["weight_version"]
     )
     assert changed.weight_version == v1 and back.weight_version == v2
     assert changed.logprobs != before.logprobs
@@ -201,7 +202,7 @@ def test_rl_steps_through_a_thermik_inference_server(tiny_model_dir: Path, tmp_p
         assert all(m["mismatch/logprob_abs_diff"] < 1e-4 for m in steps), [
             m["mismatch/logprob_abs_diff"] for m in steps
         ]
-        assert httpx.get(url + "/weight_version").json() == {"weight_version": 2}
+        assert http.get(url + "/weight_version").json() == {"weight_version": 2}
         assert not list((tmp_path / "weights").glob("v000001")), "older pushed weights are removed"
     finally:
         proc.terminate()

@@ -31,6 +31,7 @@ from thermik.models.presets import init_model
 from thermik.tools.parsers import format_hermes_tool_call
 
 MODEL = "tiny"
+http = httpx.Client(timeout=120)  # generous: the 2 shared cores can be heavily loaded
 MAX_MODEL_LEN = 512
 TOOLS = [
     {
@@ -66,9 +67,9 @@ def _chat(client: openai.OpenAI, **kw: Any) -> ChatCompletion:
 
 def test_health_models_and_version(served: tuple[str, Any, Any], client: openai.OpenAI) -> None:
     url, engine, _ = served
-    health = httpx.get(url + "/health").json()
+    health = http.get(url + "/health").json()
     assert health == {"status": "ok", "model": MODEL, "weight_version": engine.weight_version}
-    assert httpx.get(url + "/weight_version").json() == {"weight_version": engine.weight_version}
+    assert http.get(url + "/weight_version").json() == {"weight_version": engine.weight_version}
     assert [m.id for m in client.models.list().data] == [MODEL]
 
 
@@ -148,7 +149,7 @@ def test_seeded_requests_match_the_engine_and_n_uses_seed_plus_i(
 
 
 def _sse_events(url: str, path: str, body: dict[str, Any]) -> list[str]:
-    with httpx.stream("POST", url + path, json=body, timeout=60) as resp:
+    with http.stream("POST", url + path, json=body) as resp:
         assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
         return [line.removeprefix("data: ") for line in resp.iter_lines() if line.startswith("data: ")]
 
@@ -168,7 +169,7 @@ def test_streaming_concatenates_to_the_unstreamed_text(served: tuple[str, Any, A
     assert finish == [c.finish_reason for c in whole.choices]
     assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
     body = {"model": MODEL, "prompt": "ab", "max_tokens": 10, "seed": 4, "logprobs": 0}
-    plain = httpx.post(url + "/v1/completions", json=body).json()["choices"][0]
+    plain = http.post(url + "/v1/completions", json=body).json()["choices"][0]
     events = _sse_events(url, "/v1/completions", body | {"stream": True})
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
@@ -204,20 +205,20 @@ def test_update_weights_changes_version_and_outputs(
     url = served[0]
     body = {"model": MODEL, "prompt": "7+8=", "max_tokens": 8, "temperature": 0, "logprobs": 0,
             "return_token_ids": True}  # fmt: skip
-    before = httpx.post(url + "/v1/completions", json=body).json()["choices"][0]
-    version = httpx.get(url + "/weight_version").json()["weight_version"]
+    before = http.post(url + "/v1/completions", json=body).json()["choices"][0]
+    version = http.get(url + "/weight_version").json()["weight_version"]
     other = init_model("qwen2-1m", tmp_path / "other", seed=1)
-    resp = httpx.post(url + "/update_weights", json={"path": str(other)}, timeout=60)
+    resp = http.post(url + "/update_weights", json={"path": str(other)})
     assert resp.status_code == 200 and resp.json() == {"weight_version": version + 1}
-    after = httpx.post(url + "/v1/completions", json=body).json()["choices"][0]
+    after = http.post(url + "/v1/completions", json=body).json()["choices"][0]
     assert before["weight_version"] == version and after["weight_version"] == version + 1
     assert after["logprobs"]["token_logprobs"] != before["logprobs"]["token_logprobs"]
     # Back to the original weights (the server is shared by this module): the same greedy output returns.
-    resp = httpx.post(url + "/update_weights", json={"path": str(tiny_model_dir)}, timeout=60)
+    resp = http.post(url + "/update_weights", json={"path": str(tiny_model_dir)})
     assert resp.json() == {"weight_version": version + 2}
-    again = httpx.post(url + "/v1/completions", json=body).json()["choices"][0]
+    again = http.post(url + "/v1/completions", json=body).json()["choices"][0]
     assert again["token_ids"] == before["token_ids"]
-    assert httpx.get(url + "/health").json()["weight_version"] == version + 2
+    assert http.get(url + "/health").json()["weight_version"] == version + 2
 
 
 def test_stop_strings_cut_the_text_where_the_engine_output_holds_them(
@@ -291,7 +292,7 @@ def _scripted_client(url: str, key: str = API_KEY) -> openai.OpenAI:
 def test_tool_calls_are_parsed_into_openai_tool_calls(scripted: tuple[str, ScriptedEngine]) -> None:
     url, engine = scripted
     engine.text = "Let me compute.\n" + format_hermes_tool_call("calculate", {"expression": "2+3"})
-    raw = httpx.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"}, json={
+    raw = http.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"}, json={
         "model": MODEL, "messages": [{"role": "user", "content": "2+3?"}], "tools": TOOLS,
     }).json()  # fmt: skip
     reply = ChatCompletion.model_validate(raw)  # the SDK's own schema accepts the response
@@ -334,11 +335,11 @@ def test_api_key_is_required_when_set(scripted: tuple[str, ScriptedEngine]) -> N
         _scripted_client(url, "wrong-key").models.list()
     assert exc.value.status_code == 401
     for headers in ({}, {"Authorization": "Basic abc"}, {"Authorization": f"Bearer {API_KEY}x"}):
-        resp = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "a"}, headers=headers)
+        resp = http.post(url + "/v1/completions", json={"model": MODEL, "prompt": "a"}, headers=headers)
         assert resp.status_code == 401
         assert resp.json()["error"] | {"message": ""} == ERROR_SHAPE | {"code": "invalid_api_key"}
-    assert httpx.post(url + "/update_weights", json={"path": "/"}).status_code == 401
-    assert httpx.get(url + "/health").status_code == 200  # liveness needs no key
+    assert http.post(url + "/update_weights", json={"path": "/"}).status_code == 401
+    assert http.get(url + "/health").status_code == 200  # liveness needs no key
     assert _scripted_client(url).completions.create(model=MODEL, prompt="a").choices[0].text == "ok"
 
 
@@ -412,7 +413,7 @@ def test_malformed_requests_get_a_4xx_with_an_openai_error_body(
     url, engine = scripted
     engine.text = "fine"
     kw: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
-    resp = httpx.request(method, url + path, headers={"Authorization": f"Bearer {API_KEY}"}, **kw)
+    resp = http.request(method, url + path, headers={"Authorization": f"Bearer {API_KEY}"}, **kw)
     assert resp.status_code == status, resp.text
     error = resp.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
@@ -452,7 +453,7 @@ fuzz = schemathesis.pytest.from_fixture("fuzz_schema")
 def test_schema_fuzz_finds_no_server_error(case: Any) -> None:
     if isinstance(case.body, dict) and isinstance(case.body.get("model"), str):
         case.body["model"] = MODEL  # reach the engine: a wrong name is a 404 before it (tested above)
-    case.call_and_validate(checks=[not_a_server_error, _openai_error_body], timeout=30)
+    case.call_and_validate(checks=[not_a_server_error, _openai_error_body], timeout=120)
 
 
 def test_thermik_inference_cli_resolves_its_config() -> None:
