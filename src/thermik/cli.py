@@ -3,6 +3,7 @@
 thermik rl  [@ a.toml @ b.toml] [--section.key value ...] [--dry-run] [--help]
 thermik sft [@ a.toml ...] [--key value ...] [--dry-run] [--help]
 thermik eval [@ a.toml ...] [--key value ...]        (held-out evaluation of model.path)
+thermik inference [@ a.toml ...] [--server.port 8000 ...]   (OpenAI-compatible server for model.path)
 thermik model init --preset NAME --out DIR
 thermik synthesize --env NAME --n N --out DIR [--split train|eval] [--seed S] [--llm-base-url URL --llm-model M]
 thermik synthesize --from-conversations FILE --out DIR [--env-class mcp]
@@ -21,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from thermik.config import ConfigError, dump_toml, format_help, load_config, wants_help
-from thermik.config.schema import LLMGeneratorConfig, RunConfig, SFTConfig
+from thermik.config.schema import LLMGeneratorConfig, RunConfig, ServeConfig, SFTConfig
 
 
 def _run_configured(model_cls: type[BaseModel], argv: list[str], run: Callable[[Any], Any], prog: str) -> int:
@@ -58,6 +59,12 @@ def _cmd_eval(cfg: RunConfig) -> None:
     from thermik.training.evaluate_model import run_eval
 
     print(json.dumps(run_eval(cfg)))
+
+
+def _cmd_inference(cfg: ServeConfig) -> None:
+    from thermik.inference.server.run import serve
+
+    serve(cfg)
 
 
 def _cmd_model(argv: list[str]) -> int:
@@ -113,7 +120,7 @@ def _cmd_synthesize(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = ("rl", "sft", "eval", "model", "synthesize")
+COMMANDS = ("rl", "sft", "eval", "inference", "model", "synthesize")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_configured(SFTConfig, rest, _cmd_sft, "sft")
     if cmd == "eval":
         return _run_configured(RunConfig, rest, _cmd_eval, "eval")
+    if cmd == "inference":
+        return _run_configured(ServeConfig, rest, _cmd_inference, "inference")
     if cmd == "model":
         return _cmd_model(rest)
     if cmd == "synthesize":

@@ -33,9 +33,31 @@ class SamplingConfig(Section):
 
 
 class InferenceConfig(Section):
-    backend: Literal["embedded"] = Field("embedded", description="Inference engine backend.")
-    max_batch_size: int = Field(256, ge=1, description="Most sequences decoded together in one batch.")
+    backend: Literal["embedded", "remote"] = Field(
+        "embedded",
+        description="Inference engine: 'embedded' (in-process torch) or 'remote' (an OpenAI-compatible server).",
+    )
+    max_batch_size: int = Field(256, ge=1, description="Most sequences decoded together in one batch (embedded).")
     seed: int = Field(0, description="Base seed of the engine's sampler.")
+    base_url: str = Field(
+        "http://127.0.0.1:8000", description="Remote backend: server root (thermik inference, vLLM), without /v1."
+    )
+    api_key: str = Field("", description="Remote backend: bearer API key; empty sends none.")
+    served_model_name: str = Field("", description="Remote backend: model name to request; empty asks /v1/models.")
+    weights_dir: str = Field(
+        "", description="Remote backend: directory shared with the server where weight updates are written as "
+        "safetensors; empty uses a temporary directory (server on the same machine)."
+    )  # fmt: skip
+    timeout_s: float = Field(600.0, gt=0, description="Remote backend: per-request timeout in seconds.")
+
+
+class ServerConfig(Section):
+    host: str = Field("127.0.0.1", description="Interface to listen on ('0.0.0.0' for every interface).")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port; 0 picks a free one.")
+    api_key: str = Field("", description="Require 'Authorization: Bearer <key>' on /v1 and /update_weights when set.")
+    served_model_name: str = Field("", description="Model name in the API; empty uses the model directory's name.")
+    max_model_len: int = Field(0, ge=0, description="Longest prompt + completion; 0 uses the model's context length.")
+    access_log: bool = Field(False, description="Log every request (uvicorn's access log); RL sends thousands.")
 
 
 class EnvConfig(Section):
@@ -342,3 +364,19 @@ class SFTConfig(Section):
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.name
+
+
+class ServeConfig(Section):
+    """`thermik inference`: an OpenAI-compatible server over the embedded engine."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Model to serve.")
+    inference: InferenceConfig = Field(
+        default_factory=InferenceConfig, description="Engine (backend must be embedded)."
+    )
+    server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP server.")
+
+    @model_validator(mode="after")
+    def _embedded_only(self) -> ServeConfig:
+        if self.inference.backend != "embedded":
+            raise ValueError("inference.backend must be 'embedded' for `thermik inference` (it serves a local model)")
+        return self

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from thermik.envs.base import Env
 from thermik.envs.registry import make
 from thermik.inference.base import InferenceEngine
 from thermik.inference.embedded import embedded_engine
+from thermik.inference.remote import RemoteEngine
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.rollout.agent_loop import EnvFactory
 from thermik.rollout.tokenization import ChatTokenizer
@@ -32,10 +34,8 @@ def load_policy(cfg: ModelConfig) -> tuple[torch.nn.Module, ChatTokenizer]:
     return model, ChatTokenizer(load_tokenizer(cfg.path))
 
 
-def build_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig) -> InferenceEngine:
+def _embedded_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig) -> InferenceEngine:
     """The engine owns its own copy of the weights; the trainer pushes updates into it (weight sync)."""
-    if cfg.backend != "embedded":
-        raise ValueError(f"inference.backend={cfg.backend!r} is not available yet; use 'embedded'")
     engine_model = copy.deepcopy(policy).eval()
     for p in engine_model.parameters():
         p.requires_grad_(False)
@@ -48,6 +48,31 @@ def build_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceCon
         seed=cfg.seed,
         detokenize=chat.tokenizer.decode,
     )
+
+
+def _remote_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig) -> InferenceEngine:
+    """A server that must already serve the same weights as `policy` (start it on the same model path)."""
+    return RemoteEngine(
+        cfg.base_url,
+        api_key=cfg.api_key or None,
+        model=cfg.served_model_name or None,
+        weights_dir=cfg.weights_dir or None,
+        stop_token_ids=chat.stop_ids,
+        timeout_s=cfg.timeout_s,
+    )
+
+
+ENGINES: dict[str, Callable[[torch.nn.Module, ChatTokenizer, InferenceConfig], InferenceEngine]] = {
+    "embedded": _embedded_engine,
+    "remote": _remote_engine,
+}
+
+
+def build_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig) -> InferenceEngine:
+    """The engine named by `cfg.backend`, from the ENGINES table."""
+    if cfg.backend not in ENGINES:
+        raise ValueError(f"unknown inference.backend {cfg.backend!r}; valid backends: {', '.join(ENGINES)}")
+    return ENGINES[cfg.backend](policy, chat, cfg)
 
 
 def env_factory(cfg: EnvConfig) -> EnvFactory:

@@ -1,0 +1,221 @@
+"""The remote backend: InferenceEngine over any OpenAI-compatible server, driven by token ids.
+
+Each `generate` is one `/v1/completions` request whose prompt is the token ids, asking for the sampled
+token ids back (`return_token_ids`, vLLM's name; thermik's server answers the same) and one logprob per
+token, so nothing is re-tokenized (DESIGN invariant 1). Weight updates write the state dict as safetensors
+into a directory the server can read and POST its path to `/update_weights` (thermik's server; see
+docs/inference.md for vLLM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from safetensors.torch import save_file
+
+from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource
+
+_FINISH: dict[str | None, StopReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+TOKEN_ID_PREFIX = "token_id:"
+# A pooled keep-alive connection can be closed by the server just as a request goes out on it (uvicorn closes
+# idle connections after 5 s; an RL step's training phase is longer). Such a request did not reach the handler,
+# so it is sent again on a fresh connection; other transport errors (timeouts) are not retried.
+_RETRIED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+ATTEMPTS = 4
+KEEPALIVE_EXPIRY_S = 2.0  # below uvicorn's 5 s keep-alive timeout, so the client drops idle connections first
+
+
+class RemoteError(RuntimeError):
+    """The server answered with an error; `status` is its HTTP status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"inference server answered {status}: {message}")
+        self.status = status
+
+
+def _token_id(token: str) -> int:
+    if not token.startswith(TOKEN_ID_PREFIX):
+        raise RemoteError(200, f"expected logprob tokens as 'token_id:N' (return_tokens_as_token_ids), got {token!r}")
+    return int(token[len(TOKEN_ID_PREFIX) :])
+
+
+def generation_from_choice(choice: dict[str, Any], fallback_version: int) -> Generation:
+    """A Generation from one `/v1/completions` choice holding token ids and per-token logprobs."""
+    lp = choice.get("logprobs") or {}
+    logprobs = [float(x) for x in lp.get("token_logprobs") or []]
+    ids = choice.get("token_ids")
+    if ids is None:  # servers without return_token_ids but with return_tokens_as_token_ids
+        ids = [_token_id(t) for t in lp.get("tokens") or []]
+    if len(ids) != len(logprobs):
+        raise RemoteError(200, f"the server returned {len(ids)} token ids but {len(logprobs)} logprobs")
+    tops = lp.get("top_logprobs")
+    top_logprobs = None
+    if tops and any(tops):
+        top_logprobs = [{_token_id(t): float(v) for t, v in (d or {}).items()} for d in tops]
+    version = int(choice.get("weight_version", fallback_version))
+    return Generation(
+        token_ids=[int(t) for t in ids],
+        logprobs=logprobs,
+        stop_reason=_FINISH.get(choice.get("finish_reason"), "stop"),
+        weight_version=version,
+        weight_versions=[version] * len(ids),
+        top_logprobs=top_logprobs,
+    )
+
+
+def save_state_dict(state: dict[str, torch.Tensor], directory: Path) -> Path:
+    """Write `state` as directory/model.safetensors atomically (temp dir, then rename); tied tensors stored once."""
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key in seen:
+            continue  # a tied weight (e.g. lm_head = embed_tokens): loading the first name updates both
+        seen.add(key)
+        tensors[name] = tensor.detach().to("cpu").contiguous()
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    save_file(tensors, str(tmp / "model.safetensors"))
+    tmp.rename(directory)
+    return directory
+
+
+class RemoteEngine:
+    """InferenceEngine backed by an OpenAI-compatible server (thermik inference, vLLM)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        weights_dir: str | Path | None = None,
+        stop_token_ids: Sequence[int] = (),
+        timeout_s: float = 600.0,
+        max_connections: int = 512,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model or None
+        self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0))
+        self._limits = httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
+        )
+        self._own_weights_dir = not weights_dir
+        self.weights_dir = Path(weights_dir) if weights_dir else Path(tempfile.mkdtemp(prefix="thermik-weights-"))
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._version = 0
+        self._pushed: Path | None = None
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def _http(self) -> httpx.AsyncClient:
+        """One client per event loop: pooled connections belong to the loop that opened them."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            self._client = httpx.AsyncClient(
+                base_url=self.base_url, headers=self._headers, timeout=self._timeout, limits=self._limits
+            )
+            self._client_loop = loop
+        return self._client
+
+    async def _request(self, method: str, path: str, json: dict[str, Any] | None = None) -> dict[str, Any]:
+        for attempt in range(ATTEMPTS):
+            try:
+                resp = await self._http().request(method, path, json=json)
+                break
+            except _RETRIED as exc:
+                if attempt == ATTEMPTS - 1:
+                    raise ConnectionError(
+                        f"cannot reach the inference server at {self.base_url}{path} after {ATTEMPTS} attempts: "
+                        f"{type(exc).__name__} {exc}"
+                    ) from exc
+                await asyncio.sleep(0.05 * 2**attempt)
+            except httpx.HTTPError as exc:
+                raise ConnectionError(
+                    f"inference server request {self.base_url}{path} failed: {type(exc).__name__} {exc}"
+                ) from exc
+        if resp.status_code >= 400:
+            try:
+                message = resp.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = resp.text[:500]
+            if 400 <= resp.status_code < 500:
+                raise ValueError(f"inference server refused {path} ({resp.status_code}): {message}")
+            raise RemoteError(resp.status_code, message)
+        return resp.json()
+
+    async def model_name(self) -> str:
+        """The configured model name, or the first one the server lists."""
+        if self.model is None:
+            models = (await self._request("GET", "/v1/models"))["data"]
+            if not models:
+                raise RemoteError(200, "the server lists no models")
+            self.model = str(models[0]["id"])
+        return self.model
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None
+    ) -> Generation:
+        """One completion by token ids. session_id is not sent: servers reuse prefixes by their own cache."""
+        body: dict[str, Any] = {
+            "model": await self.model_name(),
+            "prompt": list(prompt_ids),
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+            "min_p": sampling.min_p,
+            "stop_token_ids": sorted(set(self.stop_token_ids) | set(sampling.stop_token_ids)),
+            "logprobs": sampling.top_logprobs,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+        response = await self._request("POST", "/v1/completions", body)
+        return generation_from_choice(response["choices"][0], self._version)
+
+    async def update_weights(self, source: WeightSource) -> int:
+        """Write a state dict under weights_dir (or send a directory as is) and have the server load it."""
+        if isinstance(source, dict):
+            target = self.weights_dir / f"v{self._version + 1:06d}"
+            if target.exists():
+                shutil.rmtree(target)
+            path = await asyncio.to_thread(save_state_dict, source, target)
+        else:
+            path = Path(source)
+        response = await self._request("POST", "/update_weights", {"path": str(path.resolve())})
+        self._version = int(response.get("weight_version", self._version + 1))
+        if isinstance(source, dict):
+            if self._pushed is not None and self._pushed != path:
+                shutil.rmtree(self._pushed, ignore_errors=True)  # the server holds the weights now
+            self._pushed = path
+        return self._version
+
+    async def refresh_version(self) -> int:
+        """Read the server's current weight version."""
+        self._version = int((await self._request("GET", "/weight_version"))["weight_version"])
+        return self._version
+
+    async def close(self) -> None:
+        if self._client is not None and self._client_loop is asyncio.get_running_loop():
+            await self._client.aclose()
+        self._client = None
+        if self._own_weights_dir:
+            shutil.rmtree(self.weights_dir, ignore_errors=True)

@@ -1,0 +1,336 @@
+"""The FastAPI app: routes, bearer-key check and error handlers (every error is an OpenAI-style 4xx body)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from thermik.inference.base import InferenceEngine, SamplingParams
+from thermik.inference.server import outputs, streaming
+from thermik.inference.server.chat_render import render_chat
+from thermik.inference.server.errors import ApiError, error_body
+from thermik.inference.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    UpdateWeightsRequest,
+    _Sampling,
+)
+
+SEED_MOD = 2**63
+
+
+class OpenAIServer:
+    """Turns API requests into concurrent `engine.generate` calls (the engine batches them)."""
+
+    def __init__(self, engine: InferenceEngine, tokenizer: Any, model_name: str, max_model_len: int) -> None:
+        self.engine, self.tokenizer, self.model_name, self.max_model_len = engine, tokenizer, model_name, max_model_len
+        stop_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id} - {None}
+        self.detok = outputs.Detokenizer(tokenizer, sorted(stop_ids))
+        self.vocab_size = len(tokenizer)
+
+    # ------------------------------------------------------------------ shared request handling
+
+    def _check_model(self, body: _Sampling) -> None:
+        if body.model != self.model_name:
+            raise ApiError(
+                404, f"model {body.model!r} does not exist; this server serves {self.model_name!r}", "model",
+                "model_not_found",
+            )  # fmt: skip
+
+    def _check_ids(self, ids: list[int], param: str) -> None:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ApiError(400, f"token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}", param)
+
+    def _max_tokens(self, prompt: list[int], requested: int | None, param: str, prompt_param: str) -> int:
+        room = self.max_model_len - len(prompt)
+        if room < 1:
+            raise ApiError(
+                400, f"the prompt has {len(prompt)} tokens; the context holds {self.max_model_len} with at least "
+                "one to generate: shorten the prompt", prompt_param,
+                "context_length_exceeded",
+            )  # fmt: skip
+        if requested is not None and requested > room:
+            raise ApiError(
+                400, f"{param}={requested} plus the prompt's {len(prompt)} tokens exceeds the context length "
+                f"{self.max_model_len}: ask for at most {room}", param, "context_length_exceeded",
+            )  # fmt: skip
+        return room if requested is None else requested
+
+    async def _generate(
+        self, prompts: list[list[int]], body: _Sampling, requested: int | None, top: int, param: str, prompt_param: str
+    ) -> list[outputs.Choice]:
+        """n engine calls per prompt, all awaited together; `param`/`prompt_param` name the fields in errors."""
+        self._check_model(body)
+        self._check_ids(body.stop_token_ids, "stop_token_ids")
+        for prompt in prompts:
+            if not prompt:
+                raise ApiError(400, "the prompt is empty: send at least one token", prompt_param)
+        limits = [self._max_tokens(p, requested, param, prompt_param) for p in prompts]
+        stops = body.stop_strings()
+        calls = []
+        for prompt, max_tokens in zip(prompts, limits, strict=True):
+            for i in range(body.n):
+                sampling = SamplingParams(
+                    max_tokens=max_tokens,
+                    temperature=body.temperature,
+                    top_p=body.top_p,
+                    top_k=max(body.top_k, 0),
+                    min_p=body.min_p,
+                    stop_token_ids=tuple(body.stop_token_ids),
+                    stop=stops,
+                    seed=None if body.seed is None else (body.seed + i) % SEED_MOD,
+                    top_logprobs=top,
+                )
+                calls.append(self.engine.generate(prompt, sampling))
+        try:
+            gens = await asyncio.gather(*calls)
+        except ValueError as exc:  # the engine refuses input it cannot serve
+            raise ApiError(400, str(exc)) from exc
+        stop_ids = frozenset(body.stop_token_ids)
+        return [outputs.finish(gen, k, prompts[k // body.n], self.detok, stops, stop_ids) for k, gen in enumerate(gens)]
+
+    # ------------------------------------------------------------------ /v1/completions
+
+    def _completion_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+        items: list[Any] = [prompt] if isinstance(prompt, str) else list(prompt)
+        if not items:
+            raise ApiError(400, "prompt is an empty list: send a string, strings, token ids or lists of ids", "prompt")
+        if all(isinstance(x, int) for x in items):
+            items = [items]
+        prompts = [self.tokenizer.encode(x, add_special_tokens=False) if isinstance(x, str) else x for x in items]
+        for ids in prompts:
+            self._check_ids(ids, "prompt")
+        return prompts
+
+    async def completions(self, body: CompletionRequest) -> Any:
+        prompts = self._completion_prompts(body.prompt)
+        top = body.logprobs or 0
+        choices = await self._generate(prompts, body, body.max_tokens, top, "max_tokens", "prompt")
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.model_name}  # fmt: skip
+        as_ids = body.return_tokens_as_token_ids
+
+        def logprobs(c: outputs.Choice, span: slice = slice(None)) -> dict | None:
+            return None if body.logprobs is None else outputs.completion_logprobs(c, self.detok, top, as_ids, span)
+
+        use = outputs.usage(prompts, choices)
+        if body.stream:
+
+            def entry(c: outputs.Choice, pos: int, piece: str) -> dict[str, Any]:
+                out = {"index": c.index, "text": piece, "logprobs": logprobs(c, slice(pos, pos + 1)),
+                       "finish_reason": None}  # fmt: skip
+                if body.return_token_ids:
+                    out["token_ids"] = [c.token_ids[pos]]
+                    if pos == 0:
+                        out["prompt_token_ids"] = c.prompt_ids
+                return out
+
+            last = [
+                [{"index": c.index, "text": "", "logprobs": None, "finish_reason": c.finish_reason}] for c in choices
+            ]
+            return _sse(streaming.event_stream(head, choices, self.detok, [], entry, last, _stream_usage(body, use)))
+
+        def choice(c: outputs.Choice) -> dict[str, Any]:
+            out = {"index": c.index, "text": c.text, "logprobs": logprobs(c), "finish_reason": c.finish_reason}
+            if body.return_token_ids:
+                out |= {"prompt_token_ids": c.prompt_ids, "token_ids": c.token_ids, "weight_version": c.weight_version}
+            return out
+
+        return {**head, "choices": [choice(c) for c in choices], "usage": use}
+
+    # ------------------------------------------------------------------ /v1/chat/completions
+
+    async def chat_completions(self, body: ChatCompletionRequest) -> Any:
+        prompt = render_chat(self.tokenizer, body)
+        self._check_ids(prompt, "messages")
+        top = body.top_logprobs or 0
+        if top and not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        requested = body.max_completion_tokens or body.max_tokens
+        param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        choices = await self._generate([prompt], body, requested, top, param, "messages")
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.model_name}  # fmt: skip
+        parse_tools = bool(body.tools) and body.tool_choice != "none"
+        as_ids = body.return_tokens_as_token_ids
+
+        def message(c: outputs.Choice) -> tuple[dict[str, Any], str]:
+            content, calls = outputs.tool_calls_of(c.text) if parse_tools else (c.text, [])
+            if calls:
+                return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+            return {"role": "assistant", "content": content}, c.finish_reason
+
+        def logprobs(c: outputs.Choice, span: slice = slice(None)) -> dict | None:
+            return outputs.chat_logprobs(c, self.detok, top, as_ids, span) if body.logprobs else None
+
+        use = outputs.usage([prompt], choices)
+        if body.stream:
+            return self._chat_stream(head, choices, message, logprobs, parse_tools, body, use)
+
+        def choice(c: outputs.Choice) -> dict[str, Any]:
+            msg, reason = message(c)
+            out = {"index": c.index, "message": msg, "logprobs": logprobs(c), "finish_reason": reason}
+            if body.return_token_ids:
+                out |= {"token_ids": c.token_ids, "weight_version": c.weight_version}
+            return out
+
+        response = {**head, "choices": [choice(c) for c in choices], "usage": use}
+        if body.return_token_ids:
+            response["prompt_token_ids"] = prompt
+        return response
+
+    def _chat_stream(
+        self,
+        head: dict[str, Any],
+        choices: list[outputs.Choice],
+        message: Callable[[outputs.Choice], tuple[dict[str, Any], str]],
+        logprobs: Callable[..., dict | None],
+        parse_tools: bool,
+        body: ChatCompletionRequest,
+        use: dict[str, int],
+    ) -> StreamingResponse:
+        """Content streams token by token; a reply that holds tool calls sends its content and calls in one chunk."""
+        head = {**head, "object": "chat.completion.chunk"}
+        first = [[{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                   "finish_reason": None}] for c in choices]  # fmt: skip
+        with_calls = {c.index for c in choices if parse_tools and message(c)[1] == "tool_calls"}
+        streamed = [c for c in choices if c.index not in with_calls]
+
+        def entry(c: outputs.Choice, pos: int, piece: str) -> dict[str, Any]:
+            out = {"index": c.index, "delta": {"content": piece}, "logprobs": logprobs(c, slice(pos, pos + 1)),
+                   "finish_reason": None}  # fmt: skip
+            if body.return_token_ids:
+                out["token_ids"] = [c.token_ids[pos]]
+            return out
+
+        last = []
+        for c in choices:
+            msg, reason = message(c)
+            if c.index in with_calls:
+                calls = [{"index": i, **call} for i, call in enumerate(msg["tool_calls"])]
+                delta = {"content": msg["content"], "tool_calls": calls}
+                last.append([{"index": c.index, "delta": delta, "logprobs": logprobs(c), "finish_reason": None}])
+            last.append([{"index": c.index, "delta": {}, "logprobs": None, "finish_reason": reason}])
+        return _sse(streaming.event_stream(head, streamed, self.detok, first, entry, last, _stream_usage(body, use)))
+
+    # ------------------------------------------------------------------ weights and status
+
+    async def update_weights(self, body: UpdateWeightsRequest) -> dict[str, Any]:
+        path = Path(body.path)
+        if not path.exists():
+            raise ApiError(400, f"weights path {path} does not exist on the server's filesystem", "path")
+        try:
+            version = await self.engine.update_weights(path)
+        except Exception as exc:  # unreadable files, unknown names, wrong shapes: the request's fault, not ours
+            raise ApiError(400, f"could not load weights from {path}: {exc}", "path") from exc
+        return {"weight_version": version}
+
+    async def health(self) -> dict[str, Any]:
+        return {"status": "ok", "model": self.model_name, "weight_version": self.engine.weight_version}
+
+    async def weight_version(self) -> dict[str, int]:
+        return {"weight_version": self.engine.weight_version}
+
+    async def models(self) -> dict[str, Any]:
+        card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "thermik",
+                "max_model_len": self.max_model_len}  # fmt: skip
+        return {"object": "list", "data": [card]}
+
+
+def _stream_usage(body: _Sampling, use: dict[str, int]) -> dict[str, int] | None:
+    return use if body.stream_options is not None and body.stream_options.include_usage else None
+
+
+def _sse(events: Any) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _split_loc(loc: tuple[Any, ...]) -> tuple[list[str], str | None]:
+    """(field path, union member tag or None): pydantic puts the tried type ('str', 'list[int]') into the loc."""
+    path: list[str] = []
+    for part in loc:
+        if part == "body":
+            continue
+        if isinstance(part, str) and (not part.isidentifier() or part in _TYPE_TAGS):
+            return path, part
+        path.append(str(part))
+    return path, None
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', 'decode error')}", None
+    path, tag = _split_loc(tuple(first.get("loc", ())))
+    param = ".".join(path) or None
+    message = f"{param or 'body'}: {first.get('msg', 'invalid')}"
+    if tag is not None:
+        tags = sorted({t for e in errors if (t := _split_loc(tuple(e.get("loc", ())))[1])})
+        message = f"{param}: matches none of the accepted forms ({', '.join(tags)}); e.g. {first.get('msg')}"
+    elif len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problems)"
+    return message, param
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    def reply(status: int, message: str, type_: str, param: str | None, code: str | None) -> JSONResponse:
+        return JSONResponse(error_body(message, type_, param, code), status_code=status)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return reply(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return reply(400, message, "invalid_request_error", param, "invalid_value")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return reply(exc.status_code, str(exc.detail), "invalid_request_error", None, code)
+
+
+def build_app(
+    engine: InferenceEngine, tokenizer: Any, model_name: str, api_key: str | None = None, max_model_len: int = 2048
+) -> FastAPI:
+    """OpenAI-compatible app over `engine`. `tokenizer` is the model's HF tokenizer (with its chat template)."""
+    server = OpenAIServer(engine, tokenizer, model_name, max_model_len)
+
+    async def check_key(request: Request) -> None:
+        if not api_key:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+            raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", None,
+                           "invalid_api_key")  # fmt: skip
+
+    app = FastAPI(title="thermik inference", version="1", description=__doc__)
+    _install_error_handlers(app)
+    auth = [Depends(check_key)]
+    app.get("/health")(server.health)
+    app.get("/weight_version", dependencies=auth)(server.weight_version)
+    app.get("/v1/models", dependencies=auth)(server.models)
+    app.post("/v1/completions", dependencies=auth)(server.completions)
+    app.post("/v1/chat/completions", dependencies=auth)(server.chat_completions)
+    app.post("/update_weights", dependencies=auth)(server.update_weights)
+    app.state.server = server
+    return app

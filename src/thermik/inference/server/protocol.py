@@ -1,0 +1,121 @@
+"""Request bodies of the OpenAI-compatible API (the subset thermik serves) and the error body.
+
+Unknown fields are rejected (400), as the OpenAI API does, so a typo never passes silently. OpenAI fields
+thermik does not implement are accepted only at their no-op value. Extensions follow vLLM's names:
+`top_k`, `min_p`, `stop_token_ids`, `return_token_ids`, `return_tokens_as_token_ids`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+MAX_N = 64
+MAX_TOP_LOGPROBS = 20
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class FunctionCall(_Body):
+    name: str
+    arguments: str = Field(description="JSON object text, as the OpenAI API sends it.")
+
+
+class ToolCallIn(_Body):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(_Body):
+    name: str = Field(min_length=1)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    strict: bool | None = None
+
+
+class ToolDef(_Body):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class _Sampling(_Body):
+    """Fields shared by chat and text completions."""
+
+    model: str = Field(min_length=1)
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1, description="vLLM extension; 0 or -1 disables it.")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="vLLM extension.")
+    max_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] = Field(default_factory=list, description="vLLM extension.")
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not implemented: only 0 is accepted.")
+    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Not implemented: only 0 is accepted.")
+    logit_bias: dict[str, float] | None = Field(None, max_length=0, description="Not implemented: must be empty.")
+    user: str | None = None
+    return_token_ids: bool = Field(False, description="vLLM extension: token ids of prompt and completion.")
+    return_tokens_as_token_ids: bool = Field(False, description="vLLM extension: logprob tokens as 'token_id:N'.")
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, v: str | list[str] | None) -> str | list[str] | None:
+        items = [v] if isinstance(v, str) else (v or [])
+        if len(items) > 4:
+            raise ValueError("at most 4 stop sequences are allowed")
+        if any(s == "" for s in items):
+            raise ValueError("stop sequences must be non-empty strings")
+        return v
+
+    def stop_strings(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["auto", "none"] | None = None
+    parallel_tool_calls: bool = True
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: dict[str, Literal["text"]] | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: Literal[False] = Field(False, description="Not implemented: only false is accepted.")
+    suffix: None = Field(None, description="Not implemented.")
+    best_of: int | None = Field(None, ge=1, le=1, description="Not implemented: only 1 is accepted.")
+
+
+class UpdateWeightsRequest(_Body):
+    path: str = Field(min_length=1, description="Directory holding *.safetensors (or one *.safetensors file).")

@@ -1,0 +1,65 @@
+"""`thermik inference`: load a local model into the embedded engine and serve it with uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from thermik.config.schema import ServeConfig
+
+KEEP_ALIVE_S = 30  # uvicorn's default 5 s closes pooled client connections between RL steps
+
+
+def load_engine(
+    model_path: str | Path, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 256, seed: int = 0
+) -> tuple[Any, Any]:
+    """(embedded engine, HF tokenizer) for the model in `model_path`, stopping at the tokenizer's eos and pad.
+
+    The one place the server builds its engine (tests use it too).
+    """
+    from thermik.inference.embedded import embedded_engine
+    from thermik.models.loading import load_model, load_tokenizer
+
+    model = load_model(model_path, dtype=dtype, device=device).requires_grad_(False)
+    tokenizer = load_tokenizer(model_path)
+    stop_ids = sorted({tokenizer.eos_token_id, tokenizer.pad_token_id} - {None})
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    engine = embedded_engine(
+        model,
+        eos_token_ids=stop_ids,
+        pad_token_id=pad,
+        max_batch_size=max_batch_size,
+        seed=seed,
+        detokenize=tokenizer.decode,
+    )
+    return engine, tokenizer
+
+
+def serve(cfg: ServeConfig) -> None:
+    import uvicorn
+
+    from thermik.inference.server.app import build_app
+
+    engine, tokenizer = load_engine(
+        cfg.model.path, cfg.model.dtype, cfg.model.device, cfg.inference.max_batch_size, cfg.inference.seed
+    )
+    s = cfg.server
+    app = build_app(
+        engine,
+        tokenizer,
+        model_name=s.served_model_name or Path(cfg.model.path).resolve().name,
+        api_key=s.api_key or None,
+        max_model_len=s.max_model_len or int(engine.model.config.max_position_embeddings),
+    )
+
+    async def run() -> None:
+        config = uvicorn.Config(
+            app, host=s.host, port=s.port, log_level="info", access_log=s.access_log, timeout_keep_alive=KEEP_ALIVE_S
+        )
+        try:
+            await uvicorn.Server(config).serve()
+        finally:
+            await engine.close()
+
+    asyncio.run(run())
