@@ -15,6 +15,7 @@ from thermik.envs.base import Env
 BUILTIN_ENVIRONMENTS: dict[str, str] = {
     "reverse_text": "thermik.envs.reverse_text:ReverseTextEnv",
     "calculator": "thermik.envs.calculator:CalculatorEnv",
+    "mcp": "thermik.envs.mcp_tool_env:MCPToolEnv",
 }
 
 ENVIRONMENTS: dict[str, str] = dict(BUILTIN_ENVIRONMENTS)

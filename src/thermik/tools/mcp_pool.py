@@ -94,7 +94,9 @@ class ServerSpec:
         if kill_with_parent and sys.platform.startswith("linux"):
             command, args = sys.executable, ["-I", "-S", "-c", _PDEATHSIG_WRAPPER, str(os.getpid()), command, *args]
         env = {k: fill(v) for k, v in self.env} or None
-        return StdioServerParameters(command=command, args=args, env=env, cwd=fill(self.cwd) if self.cwd else None)
+        cwd = fill(self.cwd) if self.cwd else None
+        # "replace": a stray non-UTF-8 byte on the wire costs one bad line, not the whole connection.
+        return StdioServerParameters(command=command, args=args, env=env, cwd=cwd, encoding_error_handler="replace")
 
     def __str__(self) -> str:
         return " ".join((self.command, *self.args))
