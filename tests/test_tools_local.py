@@ -57,7 +57,8 @@ def test_schema_from_hints_and_docstring():
 
 
 def test_parse_docstring_sections():
-    summary, args = parse_docstring("Do it.\n\nArgs:\n    a: first\n    b (str): second\n        continued\nRaises:\n    X")
+    doc = "Do it.\n\nArgs:\n    a: first\n    b (str): second\n        continued\nRaises:\n    X"
+    summary, args = parse_docstring(doc)
     assert summary == "Do it." and args == {"a": "first", "b": "second continued"}
 
 
