@@ -97,7 +97,7 @@ def test_limits_and_bad_rows_fail_with_clear_errors():
         make("mcp", reward_spec={"ground_truth": {}}, extra_info={"mcp_servers": [{"name": "x"}]}, options=options)
     with pytest.raises(ValueError, match="ground_truth'] must be a dict"):
         make("mcp", reward_spec={"ground_truth": 3}, options=options)
-    with pytest.raises(ValueError, match="'name=command args...'"):
+    with pytest.raises(ValueError, match=r"'name=command args...'"):
         make("mcp", reward_spec={"ground_truth": {}}, options=EnvConfig(mcp_servers=["no-equals-sign"]))
 
 
@@ -110,7 +110,7 @@ def test_max_tools_is_enforced_at_discovery():
             options=EnvConfig(name="mcp"),
         )
         try:
-            with pytest.raises(ToolLimitError, match="tools discovered .* but limits.max_tools is 3"):
+            with pytest.raises(ToolLimitError, match=r"tools discovered .* but limits.max_tools is 3"):
                 await env.ainit([{"role": "user", "content": "hi"}])
         finally:
             await env.aclose()
