@@ -1,7 +1,7 @@
 """Third-party MCP servers in their own virtual environments (they pin their own `mcp`).
 
 `ensure_venv(".venvs/mcp-server-time", ["mcp-server-time==2026.10.19"])` creates the venv with
-`python -m venv` and pip-installs the requirements once; a marker file records what was
+`python -m venv --without-pip` and installs the requirements into it with our pip once; a marker file records what was
 installed, so later calls return at once. A file lock makes concurrent callers wait for one
 install. Run `python -m thermik.tools.venvs [--root .venvs] [NAME ...]` to install the known
 servers ahead of time.
@@ -44,8 +44,10 @@ def ensure_venv(path: str | Path, requirements: Sequence[str], timeout_s: float 
             return venv
         shutil.rmtree(venv, ignore_errors=True)
         try:
-            _run([sys.executable, "-m", "venv", str(venv)], timeout_s)
-            _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *wanted], timeout_s)
+            # No pip inside the venv: our own pip installs into it (`--python`), which saves ~10 s per venv.
+            _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout_s)
+            pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q"]
+            _run([*pip, "--no-compile", "--disable-pip-version-check", *wanted], timeout_s)
         except VenvError:
             shutil.rmtree(venv, ignore_errors=True)
             raise
