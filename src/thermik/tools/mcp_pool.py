@@ -282,15 +282,21 @@ class MCPPool:
         return dict(self._errlog_paths)
 
     async def call_tool(
-        self, spec: AnyServerSpec, name: str, arguments: dict[str, Any], timeout_s: float
+        self,
+        spec: AnyServerSpec,
+        name: str,
+        arguments: dict[str, Any],
+        timeout_s: float,
+        max_output_chars: int | None = None,
     ) -> ToolResult:
-        """Call tool `name` on the shared session of `spec`. Never raises for tool, timeout or server failures."""
+        """Call tool `name` on the shared session of `spec`. Never raises for tool, timeout or server failures.
+        The output is cut to `max_output_chars` (default: the pool's)."""
         self._check_open()
         try:
             conn = await self._shared(spec)
         except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
             return ToolResult(text=f"tool server unavailable: {exc}", is_error=True)
-        return await self._call(conn, name, arguments, timeout_s)
+        return await self._call(conn, name, arguments, timeout_s, max_output_chars)
 
     async def list_tools(self, spec: AnyServerSpec) -> list[dict[str, Any]]:
         """The server's tools as OpenAI function specs (cached per spec). Raises if the server cannot start."""
@@ -328,7 +334,9 @@ class MCPPool:
         if self._closed:
             raise RuntimeError("MCPPool is closed")
 
-    async def _call(self, conn: _Connection, name: str, arguments: dict[str, Any], timeout_s: float) -> ToolResult:
+    async def _call(
+        self, conn: _Connection, name: str, arguments: dict[str, Any], timeout_s: float, max_chars: int | None = None
+    ) -> ToolResult:
         async with conn.semaphore:
             session = conn.session
             if session is None or conn.broken:
@@ -350,7 +358,8 @@ class MCPPool:
             except Exception as exc:  # transport torn down under us (closed/broken streams, bad bytes)
                 self._retire(conn)
                 return ToolResult(text=f"tool '{name}' failed: {type(exc).__name__}: {exc}", is_error=True)
-        return ToolResult(text=self._text(result.content), is_error=bool(result.is_error))
+        text = _content_text(result.content)
+        return ToolResult(text=truncate(text, max_chars or self._max_output_chars), is_error=bool(result.is_error))
 
     async def _shared(self, spec: AnyServerSpec) -> _Connection:
         conn = self._connections.get(spec)
@@ -403,9 +412,9 @@ class MCPPool:
         log.flush()
         return log
 
-    def _text(self, content: list[Any]) -> str:
-        parts = [getattr(block, "text", None) or f"[{getattr(block, 'type', 'unknown')} content]" for block in content]
-        return truncate("\n".join(parts), self._max_output_chars)
+
+def _content_text(content: list[Any]) -> str:
+    return "\n".join(getattr(b, "text", None) or f"[{getattr(b, 'type', 'unknown')} content]" for b in content)
 
 
 def truncate(text: str, max_chars: int) -> str:
@@ -446,17 +455,19 @@ class ToolSession:
         """The rollout's private copy of `spec.data_path` (after the first call)."""
         return None if self._private is None else self._private.data_copy
 
-    async def call_tool(self, name: str, arguments: dict[str, Any], timeout_s: float) -> ToolResult:
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], timeout_s: float, max_output_chars: int | None = None
+    ) -> ToolResult:
         """Like MCPPool.call_tool, on this rollout's connection. Never raises for server faults."""
         if self._closed:
             return ToolResult(text="tool session is closed", is_error=True)
         if self._private is None:
-            return await self.pool.call_tool(self.spec, name, arguments, timeout_s)
+            return await self.pool.call_tool(self.spec, name, arguments, timeout_s, max_output_chars)
         try:
             conn = await self._private_connection()
         except (OSError, RuntimeError, TimeoutError, ValueError) as exc:
             return ToolResult(text=f"tool server unavailable: {exc}", is_error=True)
-        return await self.pool._call(conn, name, arguments, timeout_s)
+        return await self.pool._call(conn, name, arguments, timeout_s, max_output_chars)
 
     async def raw_tools(self) -> list[Any]:
         if self._private is None:

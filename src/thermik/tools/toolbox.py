@@ -90,14 +90,13 @@ class Toolbox:
         if problem is not None:
             return ToolResult(text=f"bad arguments for '{call.name}': {problem}", is_error=True)
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        if route.local is not None:
-            try:
-                result = await asyncio.wait_for(route.local.call(call.arguments), timeout)
-            except TimeoutError:
-                return ToolResult(text=f"tool '{call.name}' timed out after {timeout:g}s", is_error=True)
-        else:
-            assert route.session is not None
-            result = await route.session.call_tool(call.name, call.arguments, timeout)
+        if route.session is not None:
+            return await route.session.call_tool(call.name, call.arguments, timeout, self.max_output_chars)
+        assert route.local is not None
+        try:
+            result = await asyncio.wait_for(route.local.call(call.arguments), timeout)
+        except TimeoutError:
+            return ToolResult(text=f"tool '{call.name}' timed out after {timeout:g}s", is_error=True)
         return ToolResult(text=truncate(result.text, self.max_output_chars), is_error=result.is_error)
 
     async def aclose(self) -> None:
