@@ -49,7 +49,7 @@ def test_make_builtins_by_name_and_path():
 
 
 def test_make_unknown_name_lists_valid_names():
-    with pytest.raises(ValueError, match=r"unknown environment 'nope'.*calculator, reverse_text"):
+    with pytest.raises(ValueError, match=r"unknown environment 'nope'; valid names: calculator, .*mcp, .*reverse_text"):
         make("nope", reward_spec={})
 
 
