@@ -149,6 +149,7 @@ _ORPHAN_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_no_server_survives_a_sigkilled_parent():
     parent = subprocess.Popen(
         [sys.executable, "-c", _ORPHAN_SCRIPT], stdout=subprocess.PIPE, text=True, env=os.environ.copy()

@@ -342,9 +342,7 @@ class MCPPool:
             if session is None or conn.broken:
                 return ToolResult(text=f"tool server unavailable: {conn.spec.label} is not running", is_error=True)
             try:
-                result = await asyncio.wait_for(
-                    session.call_tool(name, arguments, read_timeout_seconds=timeout_s), timeout_s + _PING_TIMEOUT_S
-                )
+                result = await session.call_tool(name, arguments, read_timeout_seconds=timeout_s)
             except (MCPError, TimeoutError) as exc:
                 code = exc.code if isinstance(exc, MCPError) else REQUEST_TIMEOUT
                 if code == REQUEST_TIMEOUT:
