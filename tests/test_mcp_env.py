@@ -177,7 +177,8 @@ def test_episode_with_bad_calls_gets_error_observations_and_zero_reward():
         '<tool_call>{"name": "add", "arguments": {"a": "two", "b": 3}}</tool_call>',
         "I give up.",
     ]
-    traj, env, _ = _episode(texts, row, EnvConfig(name="mcp"))
+    traj, env, first_prompt = _episode(texts, row, EnvConfig(name="mcp", render_tools=False))
+    assert "<tools>" not in first_prompt  # render_tools = false keeps schemas out; the tools still work
     tool_texts = [m["content"] for m in traj.messages if m["role"] == "tool"]
     assert tool_texts[0].startswith("error: invalid JSON")
     assert tool_texts[1] == "error: unknown tool 'subtract'; available tools: add"

@@ -80,16 +80,16 @@ def test_stateful_server_gets_a_fresh_process_on_a_private_copy_per_rollout(tmp_
     data.write_text("10")
     spec = server_spec("--state-file", "{data_path}", data_path=str(data), name="counter")
 
-    async def rollout(pool: MCPPool, crash: bool) -> tuple[list[str], int, Path]:
+    async def rollout(pool: MCPPool, crash: bool) -> tuple[list[str], str, Path]:
         async with pool.open_session(spec) as session:
             texts = [(await session.call_tool("increment", {}, 10)).text]
-            pid = _server_pids()
+            pid = (await session.call_tool("pid", {}, 10)).text
             if crash:
                 texts.append((await session.call_tool("crash", {}, 10)).text)
             texts.append((await session.call_tool("increment", {}, 10)).text)
             copy = session.data_copy
             assert copy is not None and copy.read_text() == texts[-1]
-            return texts, len(pid), copy
+            return texts, pid, copy
 
     async def main():
         pool = MCPPool(log_dir=tmp_path)
@@ -99,10 +99,10 @@ def test_stateful_server_gets_a_fresh_process_on_a_private_copy_per_rollout(tmp_
         finally:
             await pool.aclose()
 
-    (texts_a, n_a, copy_a), (texts_b, _, copy_b), logs = asyncio.run(main())
+    (texts_a, pid_a, copy_a), (texts_b, pid_b, copy_b), logs = asyncio.run(main())
     assert texts_a == ["11", "12"]  # each rollout starts from the original 10
     assert texts_b[0] == "11" and "connection lost" in texts_b[1] and texts_b[2] == "12"  # restart keeps the copy
-    assert n_a >= 2  # two private processes ran side by side
+    assert pid_a.isdigit() and pid_b.isdigit() and pid_a != pid_b  # one private process per rollout
     assert data.read_text() == "10"  # the original is never touched
     assert copy_a != copy_b and not copy_a.exists() and not copy_b.exists()
     assert logs["counter"].read_text().count("--- starting MCP server") == 3  # two rollouts + one restart

@@ -64,6 +64,7 @@ class MCPToolEnv(Env):
                 f"but limits.max_servers is {self.max_servers}"
             )
         self.toolbox: Toolbox | None = None
+        self.tool_schemas: list[dict[str, Any]] = []
         self.successful_calls: list[ToolCall] = []
         self.num_tool_calls = 0
         self.num_tool_failures = 0
@@ -87,14 +88,15 @@ class MCPToolEnv(Env):
                 f"mcp: {len(toolbox.names)} tools discovered ({', '.join(toolbox.names)}) but limits.max_tools is "
                 f"{self.max_tools}; list the ones to expose in the server entry's 'tools'"
             )
-        self.tools = toolbox.specs
+        self.tool_schemas = toolbox.specs
+        self.tools = self.tool_schemas if self.options.render_tools else None
         return prompt, {"tools": toolbox.names}
 
     async def astep(self, action: str) -> StepOutput:
         if self.toolbox is None:
             raise RuntimeError("MCPToolEnv.astep before ainit")
         answer = _ANSWER.search(action)
-        parsed = self.parse(action, self.tools) if answer is None else None
+        parsed = self.parse(action, self.tool_schemas) if answer is None else None
         if parsed is None or not parsed.found:
             reward, parts = episode_reward(self.ground_truth, self.successful_calls, answer and answer.group(1))
             return StepOutput(observations=[], reward=reward, done=True, metadata={**self._metrics(0, 0), **parts})

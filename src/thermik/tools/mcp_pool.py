@@ -258,6 +258,7 @@ class MCPPool:
         self._connections: dict[AnyServerSpec, _Connection] = {}
         self._locks: dict[AnyServerSpec, asyncio.Lock] = {}
         self._tools: dict[AnyServerSpec, list[Any]] = {}
+        self._list_locks: dict[AnyServerSpec, asyncio.Lock] = {}
         self._errlogs: dict[str, TextIO] = {}
         self._errlog_paths: dict[str, Path] = {}
         self._retiring: set[asyncio.Task[None]] = set()
@@ -301,12 +302,13 @@ class MCPPool:
     async def list_tools(self, spec: AnyServerSpec) -> list[dict[str, Any]]:
         """The server's tools as OpenAI function specs (cached per spec). Raises if the server cannot start."""
         self._check_open()
-        if spec not in self._tools:
-            if spec.is_stateful:
-                async with self.open_session(spec) as session:
-                    self._tools[spec] = await session.raw_tools()
-            else:
-                self._tools[spec] = await _list_all(await self._shared(spec))
+        async with self._list_locks.setdefault(spec, asyncio.Lock()):  # concurrent rollouts list once
+            if spec not in self._tools:
+                if spec.is_stateful:
+                    async with self.open_session(spec) as session:
+                        self._tools[spec] = await session.raw_tools()
+                else:
+                    self._tools[spec] = await _list_all(await self._shared(spec))
         return tool_specs(self._tools[spec])
 
     def open_session(self, spec: AnyServerSpec) -> ToolSession:
@@ -468,9 +470,9 @@ class ToolSession:
         return await self.pool._call(conn, name, arguments, timeout_s, max_output_chars)
 
     async def raw_tools(self) -> list[Any]:
+        """The server's tools as mcp `Tool` objects, asked on this session's connection (uncached)."""
         if self._private is None:
-            await self.pool.list_tools(self.spec)
-            return self.pool._tools[self.spec]
+            return await _list_all(await self.pool._shared(self.spec))
         return await _list_all(await self._private_connection())
 
     async def _private_connection(self) -> _Connection:

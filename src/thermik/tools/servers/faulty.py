@@ -5,7 +5,7 @@ Run: `python -m thermik.tools.servers.faulty [--crash-after N] [--state-file PAT
 
 Tools: `echo(text)`, `add(a, b)`, `sleep(seconds)` (async: the server stays responsive),
 `block(seconds)` (blocks the whole process: a hung server), `crash()` (exits at once),
-`big_output(chars)`, `non_utf8()` (writes invalid UTF-8 bytes onto the protocol stream, then
+`big_output(chars)`, `pid()`, `non_utf8()` (writes invalid UTF-8 bytes onto the protocol stream, then
 answers), `increment()` (adds 1 to the integer in `--state-file` and returns it).
 """
 
@@ -81,6 +81,11 @@ def build_server(crash_after: int = 0, state_file: Path | None = None) -> MCPSer
         count()
         time.sleep(seconds)  # on the event loop on purpose: a hung server
         return "unblocked"
+
+    @app.tool()
+    async def pid() -> str:
+        """The server's process id."""
+        return str(os.getpid())
 
     @app.tool()
     async def crash() -> str:
