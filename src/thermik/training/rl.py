@@ -25,7 +25,7 @@ from thermik.rollout.agent_loop import EnvFactory, LoopLimits, rollout_rows
 from thermik.rollout.metrics import rollout_metrics
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import dump_trajectories
-from thermik.tools.mcp_pool import close_default_pool
+from thermik.tools.mcp_pool import close_default_pool, configure_default_pool
 from thermik.training import components
 from thermik.training.batch import collate
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
@@ -58,6 +58,7 @@ def setup(cfg: RunConfig) -> RLRun:
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(dump_toml(cfg))
+    configure_default_pool(log_dir=run_dir / "logs")  # each MCP server's stderr: logs/mcp-<name>.log
     policy, chat = components.load_policy(cfg.model)
     ref = None
     if cfg.algorithm.kl_coef > 0:
