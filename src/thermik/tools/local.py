@@ -120,42 +120,35 @@ class ToolGroup:
         return [t.spec() for t in self.tools.values()]
 
 
-_ARG_LINE = re.compile(r"^\s{0,8}(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_ARG_LINE = re.compile(r"^(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_ARGS_HEADERS = ("Args:", "Arguments:", "Parameters:")
 
 
 def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     """(first paragraph, {parameter: description}) from a Google-style docstring."""
-    paragraphs = doc.strip().split("\n\n")
-    summary = " ".join(paragraphs[0].split()) if paragraphs and not paragraphs[0].startswith("Args:") else ""
+    first = doc.strip().split("\n\n")[0]
+    summary = "" if first.strip() in _ARGS_HEADERS else " ".join(first.split())
     args: dict[str, str] = {}
+    lines = doc.splitlines()
+    start = next((i + 1 for i, line in enumerate(lines) if line.strip() in _ARGS_HEADERS), None)
+    if start is None:
+        return summary, args
+    entry_indent: int | None = None
     current: str | None = None
-    in_args = False
-    for line in doc.splitlines():
-        if line.strip() in ("Args:", "Arguments:", "Parameters:"):
-            in_args, current = True, None
+    for line in lines[start:]:
+        if not line.strip():
             continue
-        if not in_args:
-            continue
-        if line.strip() and not line.startswith((" ", "\t")):
+        indent = len(line) - len(line.lstrip())
+        if indent == 0:
             break  # the next section (Returns:, Raises:) starts at the left margin
-        match = _ARG_LINE.match(line)
-        if match and line.startswith(" ") and len(line) - len(line.lstrip()) <= _indent_of_args(doc):
+        entry_indent = indent if entry_indent is None else entry_indent
+        match = _ARG_LINE.match(line.strip())
+        if indent <= entry_indent and match:
             current = match.group(1).lstrip("*")
             args[current] = match.group(2).strip()
-        elif current and line.strip():
-            args[current] = (args[current] + " " + line.strip()).strip()
+        elif current is not None:  # a deeper line continues the previous entry
+            args[current] = f"{args[current]} {line.strip()}".strip()
     return summary, args
-
-
-def _indent_of_args(doc: str) -> int:
-    """Indent of the first entry under `Args:`; deeper lines continue the previous entry."""
-    lines = doc.splitlines()
-    for i, line in enumerate(lines):
-        if line.strip() in ("Args:", "Arguments:", "Parameters:"):
-            for entry in lines[i + 1 :]:
-                if entry.strip():
-                    return len(entry) - len(entry.lstrip())
-    return 0
 
 
 def _clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
