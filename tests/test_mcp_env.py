@@ -11,6 +11,7 @@ import pytest
 from test_rollout import ScriptedEngine
 
 from thermik.config.schema import EnvConfig, SamplingConfig
+from thermik.data.synthetic import generate_rows, solve
 from thermik.envs.mcp_tool_env import MCPToolEnv, episode_reward, sequence_score, values_match
 from thermik.envs.registry import make
 from thermik.models.tokenizer import build_tokenizer
@@ -95,8 +96,8 @@ def test_limits_and_bad_rows_fail_with_clear_errors():
         make("mcp", reward_spec={"ground_truth": {}}, extra_info={"mcp_servers": ["zzz"]}, options=options)
     with pytest.raises(ValueError, match="exactly one of 'command'"):
         make("mcp", reward_spec={"ground_truth": {}}, extra_info={"mcp_servers": [{"name": "x"}]}, options=options)
-    with pytest.raises(ValueError, match="ground_truth'] must be a dict"):
-        make("mcp", reward_spec={"ground_truth": 3}, options=options)
+    with pytest.raises(ValueError, match="ground_truth'] must be a dict or an answer value"):
+        make("mcp", reward_spec={"ground_truth": [3]}, options=options)
     with pytest.raises(ValueError, match=r"'name=command args...'"):
         make("mcp", reward_spec={"ground_truth": {}}, options=EnvConfig(mcp_servers=["no-equals-sign"]))
 
@@ -186,3 +187,17 @@ def test_episode_with_bad_calls_gets_error_observations_and_zero_reward():
     assert traj.stop_reason == "stop" and sum(traj.rewards) == 0.0
     assert env.num_tool_calls == 3 and env.num_tool_failures == 3
     assert traj.env_metrics["tool_failures"] == 3.0
+
+
+@pytest.mark.slow
+def test_calculator_rows_replay_through_the_mcp_env_with_the_calculator_server():
+    """The spine's calculator rows and solutions, unchanged, earn reward 1 through MCPToolEnv (and 0 when wrong)."""
+    rows = generate_rows("calculator", 3, seed=1, split="eval")
+    options = EnvConfig(name="mcp", mcp_servers=[f"calculator={sys.executable} -m thermik.tools.servers.calculator"])
+    for row in rows:
+        texts = [m["content"] for m in solve(row) if m["role"] == "assistant"]
+        traj, _, first_prompt = _episode(texts, {**row, "extra_info": {}}, options)
+        assert sum(traj.rewards) == 1.0, traj.messages
+        assert '"name": "calculate"' in first_prompt
+    wrong, _, _ = _episode([texts[0], "<answer>-1</answer>"], {**rows[-1], "extra_info": {}}, options)
+    assert sum(wrong.rewards) == 0.0

@@ -17,7 +17,8 @@ turn with neither ends the episode. The reward is given once, at the end, from
   space). Score = matched prefix / len(sequence) (`sequence_credit: "partial"`, the default) or
   1 only when all match (`"all"`).
 - `answer`: a string/number or a list of accepted ones, compared with the `<answer>` text the
-  same way. Score 1 or 0.
+  same way. Score 1 or 0. A ground truth that is a bare value means `{"answer": value}`, so the
+  calculator's rows run unchanged with `env.name = "mcp"`.
 
 reward = mean of the `tool_sequence` and `answer` scores present (1.0 when only the gate is
 given). `limits` ({"max_servers", "max_tools"}, in ground_truth; capped by `env.mcp_max_*`) are
@@ -48,8 +49,12 @@ class MCPToolEnv(Env):
 
     def __init__(self, *, reward_spec: dict[str, Any], extra_info: dict[str, Any], options: EnvConfig) -> None:
         truth = reward_spec.get("ground_truth", {})
+        if isinstance(truth, int | float | str) and not isinstance(truth, bool):
+            truth = {"answer": truth}  # a bare value (as calculator rows carry) is the expected answer
         if not isinstance(truth, dict):
-            raise ValueError(f"mcp: reward_spec['ground_truth'] must be a dict, got {type(truth).__name__}")
+            raise ValueError(
+                f"mcp: reward_spec['ground_truth'] must be a dict or an answer value, got {type(truth).__name__}"
+            )
         self.ground_truth = truth
         self.options = options
         self.extra_info = extra_info

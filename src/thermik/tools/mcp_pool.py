@@ -90,7 +90,9 @@ class ServerSpec:
 
     def params(self, data_copy: Path | None = None, kill_with_parent: bool = True) -> StdioServerParameters:
         fill = _placeholder_filler(data_copy)
-        command, args = self.command, [fill(a) for a in self.args]
+        # A relative path ('.venvs/x/bin/server') means ours, not the server's cwd.
+        command = os.path.abspath(self.command) if os.sep in self.command else self.command
+        args = [fill(a) for a in self.args]
         if kill_with_parent and sys.platform.startswith("linux"):
             command, args = sys.executable, ["-I", "-S", "-c", _PDEATHSIG_WRAPPER, str(os.getpid()), command, *args]
         env = {k: fill(v) for k, v in self.env} or None
