@@ -109,6 +109,24 @@ def test_stateful_server_gets_a_fresh_process_on_a_private_copy_per_rollout(tmp_
     assert _server_pids() == []
 
 
+def test_pool_close_reaps_a_session_a_rollout_forgot_to_close(tmp_path):
+    data = tmp_path / "counter.txt"
+    data.write_text("0")
+    spec = server_spec("--state-file", "{data_path}", data_path=str(data), name="forgotten")
+
+    async def main():
+        pool = MCPPool(log_dir=tmp_path)
+        session = pool.open_session(spec)  # never closed by its "rollout"
+        assert (await session.call_tool("increment", {}, 30)).text == "1"
+        copy = session.data_copy
+        await pool.aclose()
+        return copy
+
+    copy = asyncio.run(main())
+    assert copy is not None and not copy.parent.exists()
+    assert _server_pids() == []
+
+
 @pytest.mark.slow
 def test_calls_per_server_are_bounded_by_a_semaphore():
     async def timed(limit: int) -> float:

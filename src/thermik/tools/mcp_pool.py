@@ -264,7 +264,7 @@ class MCPPool:
         self._errlogs: dict[str, TextIO] = {}
         self._errlog_paths: dict[str, Path] = {}
         self._retiring: set[asyncio.Task[None]] = set()
-        self._sessions: weakref.WeakSet[ToolSession] = weakref.WeakSet()
+        self._sessions: set[ToolSession] = set()  # open ones; a session left open is closed by aclose
         self._closed = False
 
     @property
@@ -493,6 +493,7 @@ class ToolSession:
     async def aclose(self) -> None:
         """Stop the private process and delete the data copy. Idempotent; a shared connection stays up."""
         self._closed = True
+        self.pool._sessions.discard(self)
         private = self._private
         if private is None:
             return
