@@ -17,6 +17,7 @@ from thermik.tools.parsers import (
     ParsedToolCalls,
     ToolCall,
     coerce_value,
+    format_llama3_tool_call,
     get_parser,
     parse_hermes_tool_calls,
     parse_llama3_tool_calls,
@@ -139,6 +140,12 @@ def test_llama3_plain_tagged_and_several_calls():
     parsed = parse_llama3_tool_calls(tagged + "<|eom_id|>", TOOLS)
     assert parsed.calls == [ToolCall("run", {"code": "2"}), ToolCall("b", {})]
     assert parsed.content == "Sure."
+
+
+def test_llama3_format_escapes_the_python_tag():
+    text = format_llama3_tool_call("run", {"code": "<|python_tag|>"})
+    assert "<|python_tag|>" not in text
+    assert parse_llama3_tool_calls(text).calls == [ToolCall("run", {"code": "<|python_tag|>"})]
 
 
 def test_llama3_text_is_not_a_call_and_bad_json_is_an_error():

@@ -68,11 +68,15 @@ ToolCallParser = Callable[[str, "ToolSchemas | None"], ParsedToolCalls]
 def format_hermes_tool_call(name: str, arguments: dict[str, Any]) -> str:
     """The exact text a model emits for one call (inverse of parse_hermes_tool_calls)."""
     body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    # A tag inside a JSON string would end the block early; `\u003c` is the same string to a JSON reader.
+    for tag in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE):
+        body = body.replace(tag, "\\u003c" + tag[1:])
     return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
 
 
 def format_qwen3_coder_tool_call(name: str, arguments: dict[str, Any]) -> str:
-    """Qwen3-Coder XML for one call; non-string values are written as JSON."""
+    """Qwen3-Coder XML for one call; non-string values are written as JSON. The format has no escape: a value
+    holding `</parameter>` cannot round-trip."""
     params = "".join(
         f"<parameter={key}>\n{value if isinstance(value, str) else json.dumps(value)}\n</parameter>\n"
         for key, value in arguments.items()
@@ -81,7 +85,8 @@ def format_qwen3_coder_tool_call(name: str, arguments: dict[str, Any]) -> str:
 
 
 def format_llama3_tool_call(name: str, arguments: dict[str, Any]) -> str:
-    return json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
+    body = json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
+    return body.replace(PYTHON_TAG, "\\u003c" + PYTHON_TAG[1:])
 
 
 # ---------------------------------------------------------------- hermes
