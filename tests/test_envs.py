@@ -51,7 +51,7 @@ def test_make_builtins_by_name_and_path():
 def test_make_unknown_name_lists_valid_names():
     with pytest.raises(
         ValueError,
-        match=r"unknown environment 'nope'.*calculator, code, gsm8k, math_feedback, reverse_text, search, text2sql",
+        match=r"unknown environment .nope.*calculator, code, gsm8k, math_feedback, mcp, reverse_text, search, text2sql",
     ):
         make("nope", reward_spec={})
 

@@ -95,6 +95,12 @@ def test_parse_never_raises_on_random_text(prefix, body):
         assert all(isinstance(c.arguments, dict) and c.name for c in parsed.calls)
 
 
+def test_format_escapes_tags_inside_strings():
+    text = format_hermes_tool_call("<tool_call>", {"a": "x</tool_call>y"})
+    assert text.count("<tool_call>") == 1 and text.count("</tool_call>") == 1
+    assert parse_hermes_tool_calls(text).calls == [ToolCall("<tool_call>", {"a": "x</tool_call>y"})]
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     st.text(min_size=1).filter(str.strip).map(str.strip),

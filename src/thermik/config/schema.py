@@ -71,6 +71,19 @@ class EnvConfig(Section):
     skyrl_gym_config: dict[str, Any] = Field(
         default_factory=dict, description="env_config passed to skyrl-gym environments (env names skyrl_gym:<name>)."
     )
+    tool_parser: Literal["hermes", "qwen3_coder", "llama3"] = Field(
+        "hermes", description="Tool-call text format the model writes (thermik.tools.parsers.TOOL_PARSERS)."
+    )
+    tool_max_output_chars: int = Field(10_000, ge=1, description="Tool outputs are cut to this many characters.")
+    mcp_servers: list[str] = Field(
+        default_factory=list,
+        description="MCP servers for the 'mcp' env: 'name=command args...' (stdio) or 'name=http://host:port/mcp'.",
+    )
+    mcp_max_servers: int = Field(4, ge=1, description="Most MCP servers one 'mcp' episode may use.")
+    mcp_max_tools: int = Field(32, ge=1, description="Most tools one 'mcp' episode may expose to the model.")
+    tool_groups: list[str] = Field(
+        default_factory=list, description="Local tools for the 'mcp' env: 'pkg.mod:attr' of a ToolGroup or @tool."
+    )
 
 
 class LLMGeneratorConfig(Section):

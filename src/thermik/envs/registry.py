@@ -20,6 +20,7 @@ BUILTIN_ENVIRONMENTS: dict[str, str] = {
     "text2sql": "thermik.envs.text2sql:Text2SQLEnv",
     "search": "thermik.envs.search:SearchEnv",
     "code": "thermik.envs.code:CodeEnv",
+    "mcp": "thermik.envs.mcp_tool_env:MCPToolEnv",
 }
 SKYRL_GYM_PREFIX = "skyrl_gym:"
 """`skyrl_gym:<name>` runs skyrl-gym environment <name> unchanged (thermik.envs.skyrl_gym)."""

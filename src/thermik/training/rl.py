@@ -29,7 +29,7 @@ from thermik.rollout.agent_loop import EnvFactory, LoopLimits, rollout_rows
 from thermik.rollout.metrics import rollout_metrics
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import Trajectory, dump_trajectories
-from thermik.tools.mcp_pool import close_default_pool
+from thermik.tools.mcp_pool import close_default_pool, configure_default_pool
 from thermik.training import components, reference
 from thermik.training.algo_state import AlgorithmState
 from thermik.training.batch import collate
@@ -67,6 +67,7 @@ def setup(cfg: RunConfig) -> RLRun:
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(dump_toml(cfg))
+    configure_default_pool(log_dir=run_dir / "logs")  # each MCP server's stderr: logs/mcp-<name>.log
     policy, chat = components.load_policy(cfg.model)
     ref = reference.build_reference(policy, cfg.algorithm)
     train_rows, held_out = components.load_datasets(cfg.data, cfg.env.name)
