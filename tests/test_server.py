@@ -177,7 +177,9 @@ def test_streaming_concatenates_to_the_unstreamed_text(served: tuple[str, Any, A
     streamed_lp = [
         lp for ch in chunks if ch["choices"][0]["logprobs"] for lp in ch["choices"][0]["logprobs"]["token_logprobs"]
     ]
-    assert streamed_lp == plain["logprobs"]["token_logprobs"]
+    # Same seed, same tokens; the second request may reuse the first one's cached prefix, so logprobs agree to
+    # float rounding rather than bit for bit.
+    assert streamed_lp == pytest.approx(plain["logprobs"]["token_logprobs"], abs=1e-5)
     assert chunks[-1]["choices"][0]["finish_reason"] == plain["finish_reason"]
 
 
