@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -40,3 +43,16 @@ def run_thermik(
     return subprocess.run(
         thermik_argv(*args), cwd=cwd, env=cli_env(**env), capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str) -> Iterator[ModuleType]:
+    """Import benchmarks/<name>.py as module `name` for a fixture to yield (removed from sys.modules after)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(name, None)

@@ -8,10 +8,8 @@ import random
 
 import pytest
 
-from thermik.config.schema import RunConfig
-from thermik.data.dataset import write_rows
+from tests.test_grpo_learns import lowercase_run_config
 from thermik.data.sampler import PromptSampler
-from thermik.data.synthetic import generate_rows
 from thermik.envs.registry import register, unregister
 from thermik.rollout.trajectory import Trajectory
 from thermik.training.group_producer import GroupProducer
@@ -107,27 +105,7 @@ def test_rollout_failure_reaches_the_trainer() -> None:
 
 @pytest.mark.slow
 def test_async_run_learns_with_bounded_staleness(tmp_path, tiny_model_dir) -> None:
-    write_rows(tmp_path / "train.jsonl", generate_rows("reverse_text", 64, 0, split="train"))
-    write_rows(tmp_path / "eval.jsonl", generate_rows("reverse_text", 16, 0, split="eval"))
-    cfg = RunConfig.model_validate(
-        {
-            "name": "async",
-            "output_dir": str(tmp_path),
-            "model": {"path": str(tiny_model_dir)},
-            "env": {"name": "lowercase", "max_turns": 1},
-            "data": {"train_path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl")},
-            "rollout": {"max_generate_length": 12, "max_input_length": 128, "max_sequence_length": 160},
-            "trainer": {
-                "steps": 24,
-                "prompts_per_step": 4,
-                "group_size": 8,
-                "max_off_policy_steps": 1,
-                "optimizer": {"lr": 1e-3},
-            },
-            "eval": {"size": 16},
-            "monitor": {"progress": False},
-        }
-    )
+    cfg = lowercase_run_config(tmp_path, tiny_model_dir, "async", max_off_policy_steps=1)
     register("lowercase", "tests.test_grpo_learns:CountLetterEnv")
     try:
         result = run_rl(cfg)

@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_benchmark
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("trl") is None, reason="the benchmark needs the `bench` extra (trl)"
 )
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "grpo_vs_trl.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("grpo_vs_trl", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["grpo_vs_trl"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("grpo_vs_trl", None)
+    yield from load_benchmark("grpo_vs_trl")
 
 
 def test_report_prints_thermik_over_trl_ratio(bench):

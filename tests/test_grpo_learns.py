@@ -4,6 +4,7 @@ almost never earns is learned within a few dozen steps (checks the sign and plum
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -25,24 +26,28 @@ class CountLetterEnv(Env):
         return StepOutput([], sum("a" <= c <= "z" for c in action) / max(len(action), 1), True)
 
 
-@pytest.mark.slow
-def test_grpo_raises_reward(tmp_path, tiny_model_dir) -> None:
-    # reverse_text rows supply the prompts; the registered env ignores their ground truth.
+def lowercase_run_config(tmp_path: Path, model_dir: Path, name: str, **trainer: object) -> RunConfig:
+    """A short GRPO run of the registered `lowercase` env on reverse_text prompts (their ground truth unused)."""
     write_rows(tmp_path / "train.jsonl", generate_rows("reverse_text", 64, 0, split="train"))
     write_rows(tmp_path / "eval.jsonl", generate_rows("reverse_text", 16, 0, split="eval"))
-    cfg = RunConfig.model_validate(
+    return RunConfig.model_validate(
         {
-            "name": "count-a",
+            "name": name,
             "output_dir": str(tmp_path),
-            "model": {"path": str(tiny_model_dir)},
+            "model": {"path": str(model_dir)},
             "env": {"name": "lowercase", "max_turns": 1},
             "data": {"train_path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl")},
             "rollout": {"max_generate_length": 12, "max_input_length": 128, "max_sequence_length": 160},
-            "trainer": {"steps": 24, "prompts_per_step": 4, "group_size": 8, "optimizer": {"lr": 1e-3}},
+            "trainer": {"steps": 24, "prompts_per_step": 4, "group_size": 8, "optimizer": {"lr": 1e-3}, **trainer},
             "eval": {"size": 16},
             "monitor": {"progress": False},
         }
     )
+
+
+@pytest.mark.slow
+def test_grpo_raises_reward(tmp_path, tiny_model_dir) -> None:
+    cfg = lowercase_run_config(tmp_path, tiny_model_dir, "count-a")
     register("lowercase", f"{__name__}:CountLetterEnv")
     try:
         result = run_rl(cfg)

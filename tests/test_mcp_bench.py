@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "mcp_overhead.py"
+from tests.conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("mcp_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mcp_overhead"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("mcp_overhead", None)
+    yield from load_benchmark("mcp_overhead")
 
 
 def test_report_prints_the_ratio_and_verdict(bench):

@@ -13,9 +13,8 @@ import re
 from typing import Any
 
 from thermik.config.schema import EnvConfig
-from thermik.envs.base import Env, Message, StepOutput
-from thermik.tools.mcp_pool import ToolResult, default_pool
-from thermik.tools.parsers import parse_hermes_tool_calls
+from thermik.envs.base import Env, StepOutput
+from thermik.envs.tool_use import ServerTools
 from thermik.tools.servers.calculator import TOOL_NAME, server_spec
 
 CALCULATE_SCHEMA: dict[str, Any] = {
@@ -32,7 +31,6 @@ CALCULATE_SCHEMA: dict[str, Any] = {
 }
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_SDK_ERROR_PREFIX = f"Error executing tool {TOOL_NAME}: "
 
 
 def parse_number(text: str) -> float | None:
@@ -65,7 +63,7 @@ class CalculatorEnv(Env):
         self.tools = [CALCULATE_SCHEMA]
         self.extra_info = extra_info
         self.options = options
-        self.server = server_spec(options.tool_latency_s)
+        self.tool_server = ServerTools(server_spec(options.tool_latency_s), [CALCULATE_SCHEMA], options)
         self.num_tool_calls = 0
         self.num_tool_failures = 0
 
@@ -77,32 +75,12 @@ class CalculatorEnv(Env):
         if answer is not None:
             reward = answer_reward(answer.group(1), self.ground_truth)
             return StepOutput(observations=[], reward=reward, done=True, metadata=self._metrics(0, 0))
-        parsed = parse_hermes_tool_calls(action)
-        if not parsed.found:
-            return StepOutput(observations=[], reward=0.0, done=True, metadata=self._metrics(0, 0))
-        observations: list[Message] = [{"role": "tool", "content": f"error: {e.message}"} for e in parsed.errors]
-        failures = len(parsed.errors)
-        for call in parsed.calls:
-            result = await self._call(call.name, call.arguments)
-            failures += result.is_error
-            observations.append(_observation(call.name, result))
-        calls = len(parsed.calls) + len(parsed.errors)
-        return StepOutput(observations=observations, reward=0.0, done=False, metadata=self._metrics(calls, failures))
-
-    async def _call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        # Validated here: servers disagree on how they report an unknown tool.
-        if name != TOOL_NAME:
-            return ToolResult(text=f"unknown tool '{name}'; available: {TOOL_NAME}", is_error=True)
-        return await default_pool().call_tool(self.server, name, arguments, self.options.tool_timeout_s)
+        turn = await self.tool_server.run_turn(action)
+        metadata = self._metrics(turn.calls, turn.failures)
+        return StepOutput(observations=turn.observations, reward=0.0, done=not turn.found, metadata=metadata)
 
     def _metrics(self, calls: int, failures: int) -> dict[str, int]:
         """Per-step counts (the agent loop sums them); running totals stay on the env."""
         self.num_tool_calls += calls
         self.num_tool_failures += failures
         return {"tool_calls": calls, "tool_failures": failures}
-
-
-def _observation(name: str, result: ToolResult) -> Message:
-    if result.is_error:
-        return {"role": "tool", "name": name, "content": "error: " + result.text.removeprefix(_SDK_ERROR_PREFIX)}
-    return {"role": "tool", "name": name, "content": result.text}

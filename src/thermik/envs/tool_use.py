@@ -1,6 +1,6 @@
 """Tool calls of one assistant turn -> observations, through an MCP server of the default pool.
 
-Shared by the environments whose model talks to one thermik MCP server (text2sql, search, code):
+Shared by the environments whose model talks to one thermik MCP server (calculator, text2sql, search, code):
 parse Hermes `<tool_call>` blocks, refuse unknown tool names client-side (servers disagree on how
 they report them), call the rest, and turn every result or failure into a `tool` observation.
 """
