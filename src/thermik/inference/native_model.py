@@ -35,34 +35,41 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     return None
 
 
-def _fuse(modules: list[torch.nn.Linear], name: str) -> Tensor | None:
-    """One tensor holding the modules' `name` parameters stacked on dim 0, which the parameters become views
-    of: a weight update copied into the model writes straight into the fused tensor."""
-    params = [getattr(m, name) for m in modules]
-    if params[0] is None:
-        return None
-    fused = torch.cat([p.detach() for p in params])
+def _fuse_transposed(modules: list[torch.nn.Linear]) -> tuple[Tensor, Tensor | None]:
+    """(W^T, bias) of the modules' weights stacked on the output dim, stored [in, out] contiguous: `x @ W^T` is up
+    to 2x faster than `F.linear(x, W)` for decode-sized batches on CPU with several threads. The modules' weights
+    (and biases) become views of these tensors, so a weight update copied into the model lands here too."""
+    weight_t = torch.cat([m.weight.detach().t() for m in modules], dim=1).contiguous()
+    biases = [m.bias for m in modules]
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
     start = 0
-    for p in params:
-        p.data = fused[start : start + p.shape[0]]
-        start += p.shape[0]
-    return fused
+    for m in modules:
+        width = m.weight.shape[0]
+        m.weight.data = weight_t[:, start : start + width].t()
+        if bias is not None:
+            m.bias.data = bias[start : start + width]
+        start += width
+    return weight_t, bias
+
+
+def _project(x: Tensor, weight_t: Tensor, bias: Tensor | None = None) -> Tensor:
+    out = x @ weight_t
+    return out if bias is None else out + bias
 
 
 class _Layer:
-    """Fused projections of one decoder layer (the HF parameters are views of them)."""
+    """Fused, transposed projections of one decoder layer (the HF parameters are views of them)."""
 
     def __init__(self, layer: torch.nn.Module) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.in_norm = layer.input_layernorm
         self.post_norm = layer.post_attention_layernorm
-        self.qkv_w = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "weight")
-        self.qkv_b = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias")
-        self.o = attn.o_proj
+        self.qkv_t, self.qkv_b = _fuse_transposed([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o_t, self.o_b = _fuse_transposed([attn.o_proj])
         self.q_norm = getattr(attn, "q_norm", None)
         self.k_norm = getattr(attn, "k_norm", None)
-        self.gate_up_w = _fuse([mlp.gate_proj, mlp.up_proj], "weight")
-        self.down = mlp.down_proj
+        self.gate_up_t, _ = _fuse_transposed([mlp.gate_proj, mlp.up_proj])
+        self.down_t, _ = _fuse_transposed([mlp.down_proj])
 
 
 def _rms_norm(x: Tensor, norm: torch.nn.Module) -> Tensor:
@@ -92,16 +99,16 @@ class NativeCausalLM:
         inner = model.model
         self.embed = inner.embed_tokens
         self.final_norm = inner.norm
-        self.lm_head = model.lm_head
         self.layers = [_Layer(layer) for layer in inner.layers]
-        device = self.lm_head.weight.device
+        self.lm_head_t, self.lm_head_b = _fuse_transposed([model.lm_head])  # tied: the embedding becomes a view too
+        device = self.lm_head_t.device
         positions = torch.arange(self.max_positions, device=device)[None]
-        probe = torch.zeros(1, dtype=self.lm_head.weight.dtype, device=device)
+        probe = torch.zeros(1, dtype=self.lm_head_t.dtype, device=device)
         cos, sin = inner.rotary_emb(probe, positions)
         self._cos, self._sin = cos[0], sin[0]  # [max_positions, head_dim]
 
     def new_cache(self, num_slots: int, max_len: int) -> SlotKVCache:
-        weight = self.lm_head.weight
+        weight = self.lm_head_t
         return SlotKVCache(
             self.num_layers, num_slots, self.num_kv_heads, max_len, self.head_dim, weight.dtype, weight.device
         )
@@ -130,7 +137,7 @@ class NativeCausalLM:
         x = self.embed(tokens)
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.in_norm)
-            qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
+            qkv = _project(h, layer.qkv_t, layer.qkv_b)
             qk, v = qkv.split(((nh + nkv) * hd, nkv * hd), dim=-1)
             qk = qk.view(batch, width, nh + nkv, hd)
             if layer.q_norm is not None:
@@ -139,9 +146,9 @@ class NativeCausalLM:
             v = v.view(batch, width, nkv, hd).transpose(1, 2)
             k_all, v_all = cache.write(i, rows, positions, k, v, span)
             attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=nkv != nh)
-            x = x + layer.o(attn.transpose(1, 2).reshape(batch, width, nh * hd))
+            x = x + _project(attn.transpose(1, 2).reshape(batch, width, nh * hd), layer.o_t, layer.o_b)
             h = _rms_norm(x, layer.post_norm)
-            gate, up = F.linear(h, layer.gate_up_w).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            gate, up = _project(h, layer.gate_up_t).chunk(2, dim=-1)
+            x = x + _project(F.silu(gate) * up, layer.down_t)
         x = x[torch.arange(batch, device=device), last]
-        return self.lm_head(_rms_norm(x, self.final_norm)).float()
+        return _project(_rms_norm(x, self.final_norm), self.lm_head_t, self.lm_head_b).float()
