@@ -39,6 +39,9 @@ class InferenceConfig(Section):
     )
     max_batch_size: int = Field(256, ge=1, description="Most sequences decoded together in one batch (embedded).")
     seed: int = Field(0, description="Base seed of the engine's sampler.")
+    num_threads: int = Field(
+        0, ge=0, description="Embedded: torch threads of the engine's decode thread; 0 inherits the process setting."
+    )
     base_url: str = Field(
         "http://127.0.0.1:8000", description="Remote backend: server root (thermik inference, vLLM), without /v1."
     )

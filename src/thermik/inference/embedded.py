@@ -92,6 +92,7 @@ class EmbeddedEngine:
         detokenize: Detokenize | None = None,
         gather_window_s: float = 0.02,
         reuse_prefixes: bool = True,
+        num_threads: int = 0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -103,6 +104,7 @@ class EmbeddedEngine:
         self.detokenize = detokenize
         self.gather_window_s = gather_window_s
         self.reuse_prefixes = reuse_prefixes  # False: every request prefills its whole prompt (for benchmarks)
+        self.num_threads = num_threads  # torch threads of the scheduler thread; 0 inherits the process setting
         self.device = next(model.parameters()).device
         self._vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -212,6 +214,8 @@ class EmbeddedEngine:
         return [i for i, s in enumerate(self._slots) if s.request is not None]
 
     def _serve(self) -> None:
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)  # OpenMP thread count is per calling thread
         while True:
             with self._cond:
                 while not self._closed and not self._pending and not self._running():
@@ -422,6 +426,6 @@ def embedded_engine(model: PreTrainedModel, **kwargs) -> EmbeddedEngine | HFEngi
         f"embedded engine: {reason}; falling back to static batches on transformers (slower, no session reuse)",
         stacklevel=2,
     )
-    kwargs.pop("detokenize", None)
-    kwargs.pop("gather_window_s", None)
+    for native_only in ("detokenize", "gather_window_s", "reuse_prefixes", "num_threads"):
+        kwargs.pop(native_only, None)
     return HFEngine(model, **kwargs)

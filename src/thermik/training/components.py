@@ -47,6 +47,7 @@ def _embedded_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: Inferenc
         max_batch_size=cfg.max_batch_size,
         seed=cfg.seed,
         detokenize=chat.tokenizer.decode,
+        num_threads=cfg.num_threads,
     )
 
 
