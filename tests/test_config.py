@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -140,7 +141,7 @@ def _expected_default(value: object) -> str:
     if isinstance(value, str):
         return f'"{value}"'
     if isinstance(value, tuple):
-        return str(list(value))
+        return json.dumps(list(value))  # help prints JSON: ["a", "b"], [0.9, 0.98]
     return str(value)
 
 

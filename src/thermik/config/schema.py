@@ -248,6 +248,33 @@ class TrainerConfig(Section):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer.")
 
 
+class CriticConfig(Section):
+    """The value model of PPO with GAE (algorithm.advantage = 'gae'): a copy of the policy's backbone + a linear
+    head, trained with the clipped value loss by its own optimizer (training/critic.py)."""
+
+    value_clip: float = Field(
+        0.2, ge=0, description="Clipped value loss: a value moves at most this far from its old estimate; 0 = no clip."
+    )
+    mini_batches: int = Field(1, ge=1, description="Critic optimizer steps per RL step (the batch is split).")
+    optimizer: OptimizerConfig = Field(
+        default_factory=lambda: OptimizerConfig(lr=1e-3), description="The critic's own AdamW optimizer."
+    )
+
+
+class LoRAConfig(Section):
+    """LoRA adapters on the policy (Hu et al. 2021) via PEFT; the engine receives the merged weights."""
+
+    enabled: bool = Field(False, description="Train LoRA adapters instead of all policy weights.")
+    rank: int = Field(8, ge=1, description="LoRA rank r.")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha; the update is scaled by alpha / rank.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input during training.")
+    target_modules: tuple[str, ...] = Field(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        min_length=1,
+        description="Names of the Linear modules that get adapters.",
+    )
+
+
 class CheckpointConfig(Section):
     every: int = Field(0, ge=0, description="Save a checkpoint every k steps; 0 saves only at the end.")
     keep: int = Field(2, ge=1, description="Most complete checkpoints kept on disk.")
@@ -326,6 +353,8 @@ class RunConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig, description="Datasets.")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Trainer.")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model (used by advantage 'gae').")
+    lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters on the policy.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Metrics and progress.")

@@ -26,6 +26,8 @@ class TokenBatch:
     ref_logp: torch.Tensor | None = None  # [B, L-1] frozen reference logprobs when KL is on
     token_rewards: torch.Tensor | None = None  # [B, L-1] each turn's reward on its last sampled token
     group_ids: torch.Tensor | None = None  # [B] the prompt (group) of each row
+    values: torch.Tensor | None = None  # [B, L-1] critic values before the update (advantage gae)
+    returns: torch.Tensor | None = None  # [B, L-1] GAE returns, the critic's regression targets
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

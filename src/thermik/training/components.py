@@ -5,12 +5,13 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from thermik.config.schema import DataConfig, EnvConfig, InferenceConfig, ModelConfig
+from thermik.config.schema import DataConfig, EnvConfig, InferenceConfig, LoRAConfig, ModelConfig
 from thermik.data.dataset import load_rows
 from thermik.data.synthetic import generate_rows
 from thermik.envs.base import Env
@@ -29,14 +30,50 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_policy(cfg: ModelConfig) -> tuple[torch.nn.Module, ChatTokenizer]:
+def load_policy(cfg: ModelConfig, lora: LoRAConfig | None = None) -> tuple[torch.nn.Module, ChatTokenizer]:
+    """The policy (wrapped with LoRA adapters when lora.enabled) and its chat tokenizer."""
     model = load_model(cfg.path, dtype=cfg.dtype, device=cfg.device)
+    if lora is not None and lora.enabled:
+        model = _lora().apply_lora(model, lora)
     return model, ChatTokenizer(load_tokenizer(cfg.path))
 
 
+def _lora() -> Any:
+    try:
+        from thermik.training import lora
+    except ImportError as e:
+        raise ImportError(f"lora.enabled needs peft: pip install 'thermik[lora]' ({e})") from e
+    return lora
+
+
+def is_lora(policy: torch.nn.Module) -> bool:
+    return hasattr(policy, "peft_config")  # a PeftModel, recognised without importing peft
+
+
+def engine_weights(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a weight sync sends the engine: the state dict, or with LoRA the merged adapted weights only."""
+    return _lora().merged_lora_weights(policy) if is_lora(policy) else policy.state_dict()
+
+
+def plain_copy(policy: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the policy as a plain causal LM (LoRA adapters merged in)."""
+    return _lora().merged_model(policy) if is_lora(policy) else copy.deepcopy(policy)
+
+
+def export_policy(policy: torch.nn.Module, chat: ChatTokenizer, out: Path) -> None:
+    """The policy as a HF model directory (merged, with LoRA) + tokenizer; with LoRA also `out/adapter/` in PEFT
+    format."""
+    if is_lora(policy):
+        _lora().merged_model(policy).save_pretrained(out, safe_serialization=True)
+        _lora().save_adapter(policy, out / "adapter")
+    else:
+        policy.save_pretrained(out, safe_serialization=True)
+    chat.tokenizer.save_pretrained(out)
+
+
 def _embedded_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig) -> InferenceEngine:
-    """The engine owns its own copy of the weights; the trainer pushes updates into it (weight sync)."""
-    engine_model = copy.deepcopy(policy).eval()
+    """The engine owns its own copy of the weights (LoRA merged in); the trainer pushes updates into it."""
+    engine_model = plain_copy(policy).eval()
     for p in engine_model.parameters():
         p.requires_grad_(False)
     pad = chat.tokenizer.pad_token_id if chat.tokenizer.pad_token_id is not None else chat.eos_id

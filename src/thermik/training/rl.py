@@ -32,12 +32,15 @@ from thermik.rollout.trajectory import Trajectory, dump_trajectories
 from thermik.tools.mcp_pool import close_default_pool, configure_default_pool
 from thermik.training import components, reference
 from thermik.training.algo_state import AlgorithmState
-from thermik.training.batch import collate
+from thermik.training.batch import TokenBatch, collate
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
+from thermik.training.critic import Critic
 from thermik.training.group_producer import GroupProducer
 from thermik.training.optim import build_optimizer
 from thermik.training.shaping import assign_advantages
 from thermik.training.update import logprobs_no_grad, policy_update
+
+CRITIC_DIR = "critic"  # inside a checkpoint directory: critic weights and optimizer
 
 
 @dataclass
@@ -58,6 +61,7 @@ class RLRun:
     checkpoints: CheckpointManager
     logger: MetricsLogger
     algo: AlgorithmState
+    critic: Critic | None = None  # advantage "gae" only
     start_step: int = 0
     producer: GroupProducer | None = None  # asynchronous mode only
 
@@ -68,7 +72,7 @@ def setup(cfg: RunConfig) -> RLRun:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(dump_toml(cfg))
     configure_default_pool(log_dir=run_dir / "logs")  # each MCP server's stderr: logs/mcp-<name>.log
-    policy, chat = components.load_policy(cfg.model)
+    policy, chat = components.load_policy(cfg.model, cfg.lora)
     ref = reference.build_reference(policy, cfg.algorithm)
     train_rows, held_out = components.load_datasets(cfg.data, cfg.env.name)
     optimizer, scheduler = build_optimizer(policy, cfg.trainer.optimizer)
@@ -87,10 +91,13 @@ def setup(cfg: RunConfig) -> RLRun:
         checkpoints=CheckpointManager(run_dir / "checkpoints", keep=cfg.checkpoint.keep),
         logger=MetricsLogger(run_dir, tensorboard=cfg.monitor.tensorboard, wandb_project=cfg.monitor.wandb_project),
         algo=AlgorithmState.from_config(cfg.algorithm),
+        critic=_build_critic(cfg),
     )
     latest = run.checkpoints.latest() if cfg.checkpoint.resume else None
     if latest is not None:
         extra = load_training_state(latest, policy, optimizer)
+        if run.critic is not None:
+            run.critic.load(latest / CRITIC_DIR)
         run.start_step = int(extra["step"])
         run.sampler.load_state_dict(extra["sampler"])
         scheduler.load_state_dict(extra["scheduler"])
@@ -98,6 +105,13 @@ def setup(cfg: RunConfig) -> RLRun:
         run.logger.truncate_after(run.start_step + 1)  # steps <= start_step are done and kept
         print(f"resumed {cfg.run_dir} from {latest.name} (step {run.start_step} of {cfg.trainer.steps})")
     return run
+
+
+def _build_critic(cfg: RunConfig) -> Critic | None:
+    """A value model when the advantage estimator needs one (gae)."""
+    if cfg.algorithm.advantage != "gae":
+        return None
+    return Critic.from_config(cfg.model, cfg.critic, cfg.trainer.micro_batch_size)
 
 
 async def _sample(run: RLRun, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
@@ -145,35 +159,29 @@ async def rl_step(run: RLRun, step: int) -> dict[str, float]:
     t0 = time.perf_counter()
     sampled, trajs, batch_metrics = await (_sample(run, step) if run.producer is None else _take_groups(run))
     t_generate = time.perf_counter() - t0
-    # 2. Rewards -> shaped rewards (length terms, KL in reward mode) -> advantages on the sampled tokens.
+    # 2. Rewards -> shaped rewards (length terms, KL in reward mode) -> critic values (gae) -> advantages.
     batch = collate(trajs, None, run.chat.tokenizer.pad_token_id or 0)
     reward_kl = run.ref is not None and alg.kl_mode == "reward"
     ref_logp = logprobs_no_grad(run.ref, batch, cfg.trainer.micro_batch_size, temperature) if reward_kl else None
+    values = None if run.critic is None else run.critic.values(batch)
     adv_metrics = assign_advantages(
-        batch, alg, max_response_length=cfg.rollout.max_generate_length, ref_logp=ref_logp, kl_coef=run.algo.kl.value
-    )
-    # 3. Policy update on exactly the sampled token ids; then KL controller, health checks, reference refresh.
-    t0 = time.perf_counter()
-    update_metrics = await asyncio.to_thread(  # a thread: async rollouts and tool calls go on meanwhile
-        policy_update,
-        run.policy,
-        run.ref,
         batch,
         alg,
-        cfg.trainer,
-        run.optimizer,
-        run.scheduler,
-        temperature,
+        max_response_length=cfg.rollout.max_generate_length,
+        ref_logp=ref_logp,
         kl_coef=run.algo.kl.value,
-        guard=run.algo.guard,
-        rollout_is_behaviour=run.producer is not None,
+        values=values,
     )
+    # 3. Policy (and critic) update on exactly the sampled token ids, in a thread: async rollouts and tool calls go
+    #    on meanwhile; then KL controller, health checks, reference refresh.
+    t0 = time.perf_counter()
+    update_metrics = await asyncio.to_thread(_update, run, batch, temperature)
     state_metrics = run.algo.after_update({**adv_metrics, **update_metrics}, len(trajs))
     reference.maybe_refresh(run.ref, run.policy, alg, step + 1)
     t_train = time.perf_counter() - t0
     # 4. Weight sync: trainer weights -> engine, version + 1.
     t0 = time.perf_counter()
-    version = await run.engine.update_weights(run.policy.state_dict())
+    version = await run.engine.update_weights(components.engine_weights(run.policy))
     if run.producer is not None:
         await run.producer.weights_updated()
     t_sync = time.perf_counter() - t0
@@ -197,6 +205,26 @@ async def rl_step(run: RLRun, step: int) -> dict[str, float]:
     dump_every = cfg.monitor.save_trajectories_every
     if dump_every and (step + 1) % dump_every == 0:
         dump_trajectories(cfg.run_dir / "trajectories" / f"step_{step + 1}.jsonl", sampled)
+    return metrics
+
+
+def _update(run: RLRun, batch: TokenBatch, temperature: float) -> dict[str, float]:
+    """One policy update (and, with a critic, its value-loss update) on the batch."""
+    metrics = policy_update(
+        run.policy,
+        run.ref,
+        batch,
+        run.cfg.algorithm,
+        run.cfg.trainer,
+        run.optimizer,
+        run.scheduler,
+        temperature,
+        kl_coef=run.algo.kl.value,
+        guard=run.algo.guard,
+        rollout_is_behaviour=run.producer is not None,
+    )
+    if run.critic is not None:
+        metrics.update(run.critic.update(batch))
     return metrics
 
 
@@ -246,13 +274,18 @@ def _save_checkpoint(run: RLRun, step: int) -> None:
         "scheduler": run.scheduler.state_dict(),
         "kl_coef": run.algo.kl.value,
     }
-    run.checkpoints.save(step, lambda d: save_training_state(d, run.policy, run.optimizer, step, extra=extra))
+
+    def write(directory: Path) -> None:
+        save_training_state(directory, run.policy, run.optimizer, step, extra=extra)
+        if run.critic is not None:
+            run.critic.save(directory / CRITIC_DIR)
+
+    run.checkpoints.save(step, write)
 
 
 def _export(run: RLRun) -> Path:
     out = run.cfg.run_dir / "export"
-    run.policy.save_pretrained(out, safe_serialization=True)
-    run.chat.tokenizer.save_pretrained(out)
+    components.export_policy(run.policy, run.chat, out)
     return out
 
 
@@ -268,7 +301,7 @@ async def train(cfg: RunConfig) -> dict[str, Any]:
         else:
             before = None
         if run.start_step:
-            await run.engine.update_weights(run.policy.state_dict())
+            await run.engine.update_weights(components.engine_weights(run.policy))
         if cfg.trainer.max_off_policy_steps > 0:
             run.producer = _start_producer(run)
         samples_per_step = cfg.trainer.prompts_per_step * cfg.trainer.group_size

@@ -10,6 +10,7 @@ import torch
 
 from thermik.algorithms import registry
 from thermik.algorithms.advantages import AdvantageContext, to_tokens
+from thermik.algorithms.gae import gae_advantages_and_returns
 from thermik.algorithms.kl import kl_reward_penalty
 from thermik.algorithms.shaping import length_penalty, overlong_penalty, zero_variance_rows
 from thermik.config.schema import AlgorithmConfig
@@ -56,7 +57,8 @@ def assign_advantages(
     """Set batch.adv [B, L-1] from the batch's rewards with the configured estimator; returns metrics.
 
     ref_logp: reference logprobs when alg.kl_mode == "reward" (the KL, estimated on the rollout logprobs,
-    is subtracted from the token rewards); values: critic values [B, L-1] for gae.
+    is subtracted from the token rewards); values: critic values [B, L-1] for gae, kept in batch.values with the
+    GAE returns (the critic's targets, from the same shaped token rewards) in batch.returns.
     """
     assert batch.token_rewards is not None and batch.group_ids is not None, "collate sets token_rewards/group_ids"
     raw = batch.token_rewards.sum(dim=-1)
@@ -73,4 +75,7 @@ def assign_advantages(
     estimator = registry.get("advantage", alg.advantage)
     adv, adv_metrics = estimator(token_rewards.sum(dim=-1), batch.group_ids, alg.std_eps, ctx=ctx)
     batch.adv = to_tokens(adv.to(torch.float32), batch.mask)
+    if values is not None:
+        batch.values = values
+        _, batch.returns = gae_advantages_and_returns(token_rewards, values, batch.mask, alg.gamma, alg.lam)
     return {**metrics, **{k: float(v) for k, v in adv_metrics.items()}}

@@ -22,7 +22,7 @@ from thermik.algorithms.reductions import prompt_weights
 from thermik.config.schema import AlgorithmConfig, TrainerConfig
 from thermik.training.batch import TokenBatch, token_logprobs
 
-PER_TOKEN_FIELDS = ("mask", "rollout_logp", "adv", "old_logp", "ref_logp", "token_rewards")
+PER_TOKEN_FIELDS = ("mask", "rollout_logp", "adv", "old_logp", "ref_logp", "token_rewards", "values", "returns")
 
 
 def loss_params(alg: AlgorithmConfig) -> LossParams:

@@ -1,0 +1,134 @@
+"""The critic of PPO with GAE: the clipped value loss by hand, the value model, and a real `thermik rl` run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from functools import partial
+
+import pytest
+import torch
+from test_algorithms_rl import LetterShareEnv, stopping_model_dir  # noqa: F401  (a fixture, used by name)
+
+from thermik.algorithms.reductions import token_mean
+from thermik.algorithms.value_loss import clipped_value_loss
+from thermik.config.schema import CriticConfig, ModelConfig, OptimizerConfig, RunConfig
+from thermik.data.dataset import write_rows
+from thermik.data.synthetic import generate_rows
+from thermik.envs.registry import register, unregister
+from thermik.training.batch import TokenBatch
+from thermik.training.critic import Critic
+from thermik.training.rl import CRITIC_DIR, run_rl, setup
+
+# token 0: unclipped branch wins; token 1: the clipped branch wins (gradient cut); token 2: v = old; token 3 masked
+VALUES = [[1.0, 1.0, 0.5, 7.0]]
+OLD = [[0.5, 0.5, 0.5, 0.0]]
+RETURNS = [[0.0, 2.0, 1.0, -3.0]]
+MASK = [[1.0, 1.0, 1.0, 0.0]]
+
+
+def _loss(value_clip: float) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    v = torch.tensor(VALUES, requires_grad=True)
+    loss, m = clipped_value_loss(
+        v, torch.tensor(OLD), torch.tensor(RETURNS), torch.tensor(MASK), value_clip, partial(token_mean, normalizer=3)
+    )
+    loss.backward()
+    assert v.grad is not None
+    return loss, v.grad, m
+
+
+def test_clipped_value_loss_hand_values() -> None:
+    # token 0: max((1-0)^2, (0.7-0)^2) = 1; token 1: max((1-2)^2, (0.7-2)^2) = 1.69 (clipped); token 2: 0.25
+    loss, grad, m = _loss(0.2)
+    assert loss.item() == pytest.approx(0.5 * (1.0 + 1.69 + 0.25) / 3)
+    assert grad[0].tolist() == pytest.approx([1 / 3, 0.0, -0.5 / 3, 0.0])  # d/dv 0.5(v-R)^2 / 3; cut; masked
+    assert m["critic/clip_frac"] == pytest.approx(1 / 3)
+    assert m["critic/value_mean"] == pytest.approx(2.5 / 3) and m["critic/return_mean"] == pytest.approx(1.0)
+
+
+def test_value_clip_zero_is_plain_squared_error() -> None:
+    loss, grad, m = _loss(0.0)
+    assert loss.item() == pytest.approx(0.5 * (1.0 + 1.0 + 0.25) / 3)
+    assert grad[0].tolist() == pytest.approx([1 / 3, -1 / 3, -0.5 / 3, 0.0])
+    assert m["critic/clip_frac"] == 0.0
+    with pytest.raises(ValueError, match="value_clip must be >= 0"):
+        clipped_value_loss(*(torch.zeros(1, 2) for _ in range(4)), -1.0, token_mean)
+
+
+def _batch(width: int = 6) -> TokenBatch:
+    ids = torch.arange(2 * width).reshape(2, width) % 50 + 3
+    mask = torch.zeros(2, width - 1)
+    mask[:, 2:] = 1
+    zeros = torch.zeros(2, width - 1)
+    return TokenBatch(ids, torch.ones_like(ids), mask, zeros, zeros.clone(), group_ids=torch.tensor([0, 0]))
+
+
+def test_critic_starts_at_zero_learns_and_checkpoints(tiny_model_dir, tmp_path) -> None:
+    cfg = CriticConfig(value_clip=0.0, optimizer=OptimizerConfig(lr=3e-3))
+    critic = Critic.from_config(ModelConfig(path=str(tiny_model_dir)), cfg, micro_batch_size=1)
+    batch = _batch()
+    batch.values = critic.values(batch)
+    assert batch.values.abs().max() == 0  # zero head: every value starts at 0
+    batch.returns = torch.where(batch.mask.bool(), 0.7, 0.0)
+    losses = []
+    for _ in range(6):
+        batch.values = critic.values(batch)
+        losses.append(critic.update(batch)["critic/loss"])
+    assert losses[0] == pytest.approx(0.5 * 0.7**2)
+    assert losses[-1] < 0.5 * losses[0]
+    critic.save(tmp_path / "c")
+    other = Critic.from_config(ModelConfig(path=str(tiny_model_dir)), cfg, micro_batch_size=1)
+    other.load(tmp_path / "c")
+    assert torch.equal(other.values(batch), critic.values(batch))
+    assert other.optimizer.state_dict()["state"][0]["step"] == 6
+    with pytest.raises(FileNotFoundError, match="written without a critic"):
+        other.load(tmp_path)
+
+
+@pytest.fixture
+def letter_env():
+    register("letter_share_critic", f"{LetterShareEnv.__module__}:LetterShareEnv")
+    yield "letter_share_critic"
+    unregister("letter_share_critic")
+
+
+@pytest.mark.slow
+def test_ppo_with_gae_runs_end_to_end_and_resumes_the_critic(tmp_path, stopping_model_dir, letter_env) -> None:  # noqa: F811
+    write_rows(tmp_path / "train.jsonl", generate_rows("reverse_text", 64, 0, split="train"))
+    write_rows(tmp_path / "eval.jsonl", generate_rows("reverse_text", 4, 0, split="eval"))
+    cfg = RunConfig.model_validate(
+        {
+            "name": "gae",
+            "output_dir": str(tmp_path),
+            "model": {"path": str(stopping_model_dir)},
+            "env": {"name": letter_env, "max_turns": 1},
+            "data": {"train_path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl")},
+            "rollout": {"max_generate_length": 12, "max_input_length": 128, "max_sequence_length": 160},
+            "trainer": {"steps": 6, "prompts_per_step": 2, "group_size": 4},
+            "algorithm": {"advantage": "gae", "lam": 0.95},
+            "critic": {"mini_batches": 2, "optimizer": {"lr": 3e-3}},
+            "checkpoint": {"every": 3},
+            "eval": {"size": 2, "before": False},
+            "monitor": {"progress": False, "save_trajectories_every": 0},
+        }
+    )
+    run_rl(cfg)
+    lines = [json.loads(x) for x in (tmp_path / "gae" / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "critic/loss" in x]
+    assert len(steps) == 6
+    first, last = steps[0]["critic/loss"], sum(s["critic/loss"] for s in steps[-2:]) / 2
+    assert last < first, [s["critic/loss"] for s in steps]
+    assert all(s["advantage/abs_mean"] > 0 for s in steps)
+    ckpt = tmp_path / "gae" / "checkpoints" / "step_6" / CRITIC_DIR
+    run = setup(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"steps": 7})}))
+    try:
+        assert run.start_step == 6 and run.critic is not None
+        saved = Critic.from_config(cfg.model, cfg.critic, 16)
+        saved.load(ckpt)
+        for (name, p), q in zip(run.critic.model.state_dict().items(), saved.model.state_dict().values(), strict=True):
+            assert torch.equal(p, q), name
+        assert run.critic.model.head.weight.abs().sum() > 0  # trained, not the fresh zero head
+        assert run.critic.optimizer.state_dict()["state"][0]["step"] == 12  # 6 RL steps x 2 mini-batches
+    finally:
+        run.logger.close()
+        asyncio.run(run.engine.close())

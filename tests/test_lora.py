@@ -1,0 +1,103 @@
+"""LoRA via PEFT: only adapters train, the engine receives merged weights, the adapter exports in PEFT format."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from test_algorithms_rl import LetterShareEnv, stopping_model_dir  # noqa: F401  (a fixture, used by name)
+
+from thermik.config.schema import InferenceConfig, LoRAConfig, ModelConfig, OptimizerConfig, RunConfig
+from thermik.data.dataset import write_rows
+from thermik.data.synthetic import generate_rows
+from thermik.envs.registry import register, unregister
+from thermik.models.loading import load_model
+from thermik.training import components
+from thermik.training.optim import build_optimizer
+from thermik.training.rl import run_rl
+
+peft = pytest.importorskip("peft")
+from thermik.training.lora import merged_lora_weights  # noqa: E402  (needs peft)
+
+LORA = LoRAConfig(enabled=True, rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "down_proj"))
+
+
+def _policy_with_random_adapters(model_dir) -> tuple[torch.nn.Module, object]:
+    policy, chat = components.load_policy(ModelConfig(path=str(model_dir)), LORA)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_" in name:  # B starts at 0 (merged = base); random A and B make the merge non-trivial
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return policy, chat
+
+
+def test_only_lora_parameters_train(tiny_model_dir) -> None:
+    policy, _ = components.load_policy(ModelConfig(path=str(tiny_model_dir)), LORA)
+    trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable)
+    assert {n.split(".")[-4] for n in trainable} == {"q_proj", "v_proj", "down_proj"}
+    optimizer, _ = build_optimizer(policy, OptimizerConfig())
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(trainable)
+    with pytest.raises(ValueError, match="does not have: \\['qkv'\\]"):
+        bad = LORA.model_copy(update={"target_modules": ("qkv",)})
+        components.load_policy(ModelConfig(path=str(tiny_model_dir)), bad)
+
+
+def test_engine_receives_weights_equal_to_merge_and_unload(tiny_model_dir) -> None:
+    policy, chat = _policy_with_random_adapters(tiny_model_dir)
+    reference = components.plain_copy(policy).state_dict()  # deepcopy + merge_and_unload: the slow, trusted way
+    merged = merged_lora_weights(policy)
+    assert len(merged) == 3 * policy.config.num_hidden_layers  # q, v, down in every layer
+    for name, w in merged.items():
+        torch.testing.assert_close(w, reference[name], rtol=0, atol=1e-6)
+    q_proj = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(merged[q_proj], load_model(tiny_model_dir).state_dict()[q_proj])
+    base_policy, _ = components.load_policy(ModelConfig(path=str(tiny_model_dir)))
+    engine = components.build_engine(base_policy, chat, InferenceConfig())
+    try:
+        assert engine.update_weights_sync(components.engine_weights(policy)) == 1  # names match the engine's model
+        engine_state = engine.model.state_dict()
+        for name, w in reference.items():
+            torch.testing.assert_close(engine_state[name], w, rtol=0, atol=1e-6)
+    finally:
+        asyncio.run(engine.close())
+
+
+@pytest.fixture
+def letter_env():
+    register("letter_share_lora", f"{LetterShareEnv.__module__}:LetterShareEnv")
+    yield "letter_share_lora"
+    unregister("letter_share_lora")
+
+
+@pytest.mark.slow
+def test_lora_rl_steps_and_exported_adapter_reloads(tmp_path, stopping_model_dir, letter_env) -> None:  # noqa: F811
+    write_rows(tmp_path / "train.jsonl", generate_rows("reverse_text", 32, 0, split="train"))
+    write_rows(tmp_path / "eval.jsonl", generate_rows("reverse_text", 4, 0, split="eval"))
+    cfg = RunConfig.model_validate(
+        {
+            "name": "lora",
+            "output_dir": str(tmp_path),
+            "model": {"path": str(stopping_model_dir)},
+            "env": {"name": letter_env, "max_turns": 1},
+            "data": {"train_path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl")},
+            "rollout": {"max_generate_length": 12, "max_input_length": 128, "max_sequence_length": 160},
+            "trainer": {"steps": 3, "prompts_per_step": 2, "group_size": 4, "optimizer": {"lr": 1e-2}},
+            "lora": {"enabled": True, "rank": 4},
+            "eval": {"size": 2, "before": False},
+            "monitor": {"progress": False, "save_trajectories_every": 0},
+        }
+    )
+    run_rl(cfg)
+    export = tmp_path / "lora" / "export"
+    assert (export / "adapter" / "adapter_config.json").is_file()
+    assert (export / "adapter" / "adapter_model.safetensors").is_file()
+    reloaded = peft.PeftModel.from_pretrained(load_model(stopping_model_dir), export / "adapter").eval()
+    merged = load_model(export)  # the exported HF model holds the merged weights
+    ids = torch.randint(3, 200, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, merged(input_ids=ids).logits, rtol=0, atol=1e-4)
+        base_logits = load_model(stopping_model_dir)(input_ids=ids).logits
+    assert not torch.allclose(merged(input_ids=ids).logits, base_logits, atol=1e-4)  # the adapters trained
