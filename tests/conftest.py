@@ -56,3 +56,29 @@ def load_benchmark(name: str) -> Iterator[ModuleType]:
     spec.loader.exec_module(module)
     yield module
     sys.modules.pop(name, None)
+
+
+def short_rl_config(
+    tmp_path: Path, model_dir: Path, name: str, env: str, train_rows: int = 64, eval_rows: int = 16, **sections: dict
+):
+    """A short `thermik rl` config on reverse_text prompts (envs registered by tests may ignore their ground truth);
+    each keyword replaces keys of that config section."""
+    from thermik.config.schema import RunConfig
+    from thermik.data.dataset import write_rows
+    from thermik.data.synthetic import generate_rows
+
+    write_rows(tmp_path / "train.jsonl", generate_rows("reverse_text", train_rows, 0, split="train"))
+    write_rows(tmp_path / "eval.jsonl", generate_rows("reverse_text", eval_rows, 0, split="eval"))
+    tree: dict = {
+        "env": {"name": env, "max_turns": 1},
+        "data": {"train_path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl")},
+        "rollout": {"max_generate_length": 12, "max_input_length": 128, "max_sequence_length": 160},
+        "trainer": {"steps": 24, "prompts_per_step": 4, "group_size": 8},
+        "eval": {"size": eval_rows},
+        "monitor": {"progress": False},
+    }
+    for section, values in sections.items():
+        tree[section] = {**tree.get(section, {}), **values}
+    return RunConfig.model_validate(
+        {"name": name, "output_dir": str(tmp_path), "model": {"path": str(model_dir)}, **tree}
+    )

@@ -10,11 +10,10 @@ import pytest
 import torch
 from test_algorithms_rl import LetterShareEnv, stopping_model_dir  # noqa: F401  (a fixture, used by name)
 
+from tests.conftest import short_rl_config
 from thermik.algorithms.reductions import token_mean
 from thermik.algorithms.value_loss import clipped_value_loss
-from thermik.config.schema import CriticConfig, ModelConfig, OptimizerConfig, RunConfig
-from thermik.data.dataset import write_rows
-from thermik.data.synthetic import generate_rows
+from thermik.config.schema import CriticConfig, ModelConfig, OptimizerConfig
 from thermik.envs.registry import register, unregister
 from thermik.training.batch import TokenBatch
 from thermik.training.critic import Critic
@@ -94,23 +93,19 @@ def letter_env():
 
 @pytest.mark.slow
 def test_ppo_with_gae_runs_end_to_end_and_resumes_the_critic(tmp_path, stopping_model_dir, letter_env) -> None:  # noqa: F811
-    write_rows(tmp_path / "train.jsonl", generate_rows("reverse_text", 64, 0, split="train"))
-    write_rows(tmp_path / "eval.jsonl", generate_rows("reverse_text", 4, 0, split="eval"))
-    cfg = RunConfig.model_validate(
-        {
-            "name": "gae",
-            "output_dir": str(tmp_path),
-            "model": {"path": str(stopping_model_dir)},
-            "env": {"name": letter_env, "max_turns": 1},
-            "data": {"train_path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl")},
-            "rollout": {"max_generate_length": 12, "max_input_length": 128, "max_sequence_length": 160},
-            "trainer": {"steps": 6, "prompts_per_step": 2, "group_size": 4},
-            "algorithm": {"advantage": "gae", "lam": 0.95},
-            "critic": {"mini_batches": 2, "optimizer": {"lr": 3e-3}},
-            "checkpoint": {"every": 3},
-            "eval": {"size": 2, "before": False},
-            "monitor": {"progress": False, "save_trajectories_every": 0},
-        }
+    cfg = short_rl_config(
+        tmp_path,
+        stopping_model_dir,
+        "gae",
+        letter_env,
+        train_rows=64,
+        eval_rows=4,
+        trainer={"steps": 6, "prompts_per_step": 2, "group_size": 4},
+        algorithm={"advantage": "gae", "lam": 0.95},
+        critic={"mini_batches": 2, "optimizer": {"lr": 3e-3}},
+        checkpoint={"every": 3},
+        eval={"size": 2, "before": False},
+        monitor={"progress": False, "save_trajectories_every": 0},
     )
     run_rl(cfg)
     lines = [json.loads(x) for x in (tmp_path / "gae" / "metrics.jsonl").read_text().splitlines()]

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import short_rl_config
 from thermik.config.schema import RunConfig
-from thermik.data.dataset import write_rows
-from thermik.data.synthetic import generate_rows
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.registry import register, unregister
 from thermik.training.rl import run_rl
@@ -28,21 +27,7 @@ class CountLetterEnv(Env):
 
 def lowercase_run_config(tmp_path: Path, model_dir: Path, name: str, **trainer: object) -> RunConfig:
     """A short GRPO run of the registered `lowercase` env on reverse_text prompts (their ground truth unused)."""
-    write_rows(tmp_path / "train.jsonl", generate_rows("reverse_text", 64, 0, split="train"))
-    write_rows(tmp_path / "eval.jsonl", generate_rows("reverse_text", 16, 0, split="eval"))
-    return RunConfig.model_validate(
-        {
-            "name": name,
-            "output_dir": str(tmp_path),
-            "model": {"path": str(model_dir)},
-            "env": {"name": "lowercase", "max_turns": 1},
-            "data": {"train_path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl")},
-            "rollout": {"max_generate_length": 12, "max_input_length": 128, "max_sequence_length": 160},
-            "trainer": {"steps": 24, "prompts_per_step": 4, "group_size": 8, "optimizer": {"lr": 1e-3}, **trainer},
-            "eval": {"size": 16},
-            "monitor": {"progress": False},
-        }
-    )
+    return short_rl_config(tmp_path, model_dir, name, "lowercase", trainer={"optimizer": {"lr": 1e-3}, **trainer})
 
 
 @pytest.mark.slow

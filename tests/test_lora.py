@@ -8,9 +8,8 @@ import pytest
 import torch
 from test_algorithms_rl import LetterShareEnv, stopping_model_dir  # noqa: F401  (a fixture, used by name)
 
-from thermik.config.schema import InferenceConfig, LoRAConfig, ModelConfig, OptimizerConfig, RunConfig
-from thermik.data.dataset import write_rows
-from thermik.data.synthetic import generate_rows
+from tests.conftest import short_rl_config
+from thermik.config.schema import InferenceConfig, LoRAConfig, ModelConfig, OptimizerConfig
 from thermik.envs.registry import register, unregister
 from thermik.models.loading import load_model
 from thermik.training import components
@@ -74,21 +73,17 @@ def letter_env():
 
 @pytest.mark.slow
 def test_lora_rl_steps_and_exported_adapter_reloads(tmp_path, stopping_model_dir, letter_env) -> None:  # noqa: F811
-    write_rows(tmp_path / "train.jsonl", generate_rows("reverse_text", 32, 0, split="train"))
-    write_rows(tmp_path / "eval.jsonl", generate_rows("reverse_text", 4, 0, split="eval"))
-    cfg = RunConfig.model_validate(
-        {
-            "name": "lora",
-            "output_dir": str(tmp_path),
-            "model": {"path": str(stopping_model_dir)},
-            "env": {"name": letter_env, "max_turns": 1},
-            "data": {"train_path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl")},
-            "rollout": {"max_generate_length": 12, "max_input_length": 128, "max_sequence_length": 160},
-            "trainer": {"steps": 3, "prompts_per_step": 2, "group_size": 4, "optimizer": {"lr": 1e-2}},
-            "lora": {"enabled": True, "rank": 4},
-            "eval": {"size": 2, "before": False},
-            "monitor": {"progress": False, "save_trajectories_every": 0},
-        }
+    cfg = short_rl_config(
+        tmp_path,
+        stopping_model_dir,
+        "lora",
+        letter_env,
+        train_rows=32,
+        eval_rows=4,
+        trainer={"steps": 3, "prompts_per_step": 2, "group_size": 4, "optimizer": {"lr": 1e-2}},
+        lora={"enabled": True, "rank": 4},
+        eval={"size": 2, "before": False},
+        monitor={"progress": False, "save_trajectories_every": 0},
     )
     run_rl(cfg)
     export = tmp_path / "lora" / "export"
