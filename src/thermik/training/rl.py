@@ -18,7 +18,7 @@ import torch
 
 from thermik.algorithms.shaping import select_groups, zero_variance_rows
 from thermik.config.loader import dump_toml
-from thermik.config.schema import RunConfig
+from thermik.config.schema import InferenceConfig, RunConfig
 from thermik.data.sampler import PromptSampler
 from thermik.eval.evaluate import EvalResult, evaluate
 from thermik.inference.base import InferenceEngine
@@ -64,6 +64,7 @@ class RLRun:
     critic: Critic | None = None  # advantage "gae" only
     start_step: int = 0
     producer: GroupProducer | None = None  # asynchronous mode only
+    update_threads: int = 0  # torch threads of the update thread; 0 inherits (see _thread_split)
 
 
 def setup(cfg: RunConfig) -> RLRun:
@@ -81,7 +82,7 @@ def setup(cfg: RunConfig) -> RLRun:
         policy=policy,
         ref=ref,
         chat=chat,
-        engine=components.build_engine(policy, chat, cfg.inference),
+        engine=components.build_engine(policy, chat, _thread_split(cfg)[0]),
         make_env=components.env_factory(cfg.env),
         sampler=PromptSampler(train_rows, cfg.data.seed),
         held_out=held_out[: cfg.eval.size],
@@ -93,6 +94,7 @@ def setup(cfg: RunConfig) -> RLRun:
         algo=AlgorithmState.from_config(cfg.algorithm),
         critic=_build_critic(cfg),
     )
+    run.update_threads = _thread_split(cfg)[1]
     latest = run.checkpoints.latest() if cfg.checkpoint.resume else None
     if latest is not None:
         extra = load_training_state(latest, policy, optimizer)
@@ -208,8 +210,20 @@ async def rl_step(run: RLRun, step: int) -> dict[str, float]:
     return metrics
 
 
+def _thread_split(cfg: RunConfig) -> tuple[InferenceConfig, int]:
+    """(inference config, update threads). Asynchronous training decodes and updates at the same time in two
+    threads of this process; each running OpenMP teams of all cores makes them spin against each other, so unless
+    inference.num_threads is set, each gets half of torch's threads (measured: README, async benchmark)."""
+    if cfg.trainer.max_off_policy_steps == 0 or cfg.inference.num_threads:
+        return cfg.inference, 0
+    half = max(1, torch.get_num_threads() // 2)
+    return cfg.inference.model_copy(update={"num_threads": half}), max(1, torch.get_num_threads() - half)
+
+
 def _update(run: RLRun, batch: TokenBatch, temperature: float) -> dict[str, float]:
     """One policy update (and, with a critic, its value-loss update) on the batch."""
+    if run.update_threads:
+        torch.set_num_threads(run.update_threads)  # this worker thread only (OpenMP thread counts are per thread)
     metrics = policy_update(
         run.policy,
         run.ref,
