@@ -8,13 +8,12 @@ from functools import partial
 
 import pytest
 import torch
-from test_algorithms_rl import LetterShareEnv, stopping_model_dir  # noqa: F401  (a fixture, used by name)
+from test_algorithms_rl import letter_env, stopping_model_dir  # noqa: F401  (fixtures, used by name)
 
 from tests.conftest import short_rl_config
 from thermik.algorithms.reductions import token_mean
 from thermik.algorithms.value_loss import clipped_value_loss
 from thermik.config.schema import CriticConfig, ModelConfig, OptimizerConfig
-from thermik.envs.registry import register, unregister
 from thermik.training.batch import TokenBatch
 from thermik.training.critic import Critic
 from thermik.training.rl import CRITIC_DIR, run_rl, setup
@@ -82,13 +81,6 @@ def test_critic_starts_at_zero_learns_and_checkpoints(tiny_model_dir, tmp_path) 
     assert other.optimizer.state_dict()["state"][0]["step"] == 6
     with pytest.raises(FileNotFoundError, match="written without a critic"):
         other.load(tmp_path)
-
-
-@pytest.fixture
-def letter_env():
-    register("letter_share_critic", f"{LetterShareEnv.__module__}:LetterShareEnv")
-    yield "letter_share_critic"
-    unregister("letter_share_critic")
 
 
 @pytest.mark.slow

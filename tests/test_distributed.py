@@ -18,6 +18,7 @@ import torch
 pytest.importorskip("ray")
 import ray
 
+from tests.test_distributed_sharding import make_batch
 from thermik.config.schema import AlgorithmConfig, DistributedConfig, RunConfig, TrainerConfig
 from thermik.distributed.launch import DistributedRun, TrainerWorkerError, start
 from thermik.distributed.sharding import shard_batch
@@ -66,19 +67,7 @@ def dist_run(ray_cluster: Any, tiny_model_dir: Path, tmp_path_factory: pytest.Te
 
 def uneven_batch(seed: int = 0, vocab: int = 50) -> TokenBatch:
     """6 sequences; the first three (rank 0's shard) are short, the last three long: shard token counts differ."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = [6, 8, 7, 30, 26, 28]
-    prompt = 4
-    b, width = len(lengths), max(lengths)
-    input_ids = torch.randint(2, vocab, (b, width), generator=g)
-    attention = torch.zeros((b, width), dtype=torch.long)
-    mask = torch.zeros((b, width - 1))
-    for i, n in enumerate(lengths):
-        attention[i, :n] = 1
-        mask[i, prompt - 1 : n - 1] = 1.0
-    adv = torch.randn(b, 1, generator=g).expand(b, width - 1) * mask
-    rollout_logp = -torch.rand((b, width - 1), generator=g) * mask
-    return TokenBatch(input_ids, attention, mask, rollout_logp, adv.contiguous())
+    return make_batch([6, 8, 7, 30, 26, 28], seed=seed, vocab=vocab, prompt=4)
 
 
 def single_process_update(

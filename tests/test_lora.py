@@ -6,11 +6,10 @@ import asyncio
 
 import pytest
 import torch
-from test_algorithms_rl import LetterShareEnv, stopping_model_dir  # noqa: F401  (a fixture, used by name)
+from test_algorithms_rl import letter_env, stopping_model_dir  # noqa: F401  (fixtures, used by name)
 
 from tests.conftest import short_rl_config
 from thermik.config.schema import InferenceConfig, LoRAConfig, ModelConfig, OptimizerConfig
-from thermik.envs.registry import register, unregister
 from thermik.models.loading import load_model
 from thermik.training import components
 from thermik.training.optim import build_optimizer
@@ -62,13 +61,6 @@ def test_engine_receives_weights_equal_to_merge_and_unload(tiny_model_dir) -> No
             torch.testing.assert_close(engine_state[name], w, rtol=0, atol=1e-6)
     finally:
         asyncio.run(engine.close())
-
-
-@pytest.fixture
-def letter_env():
-    register("letter_share_lora", f"{LetterShareEnv.__module__}:LetterShareEnv")
-    yield "letter_share_lora"
-    unregister("letter_share_lora")
 
 
 @pytest.mark.slow
