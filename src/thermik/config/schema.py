@@ -235,6 +235,11 @@ class TrainerConfig(Section):
     group_size: int = Field(8, ge=1, description="Samples per prompt (a group).")
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per RL step (the batch is split in this many).")
     micro_batch_size: int = Field(16, ge=1, description="Sequences per forward/backward; does not change gradients.")
+    shared_prefix: bool = Field(
+        True,
+        description="Training forward runs each group's shared prompt once (Qwen2/Qwen3/Llama; same logprobs and "
+        "gradients up to float rounding, less compute when prompts are long).",
+    )
     max_off_policy_steps: int = Field(
         0,
         ge=0,

@@ -28,6 +28,7 @@ class TokenBatch:
     group_ids: torch.Tensor | None = None  # [B] the prompt (group) of each row
     values: torch.Tensor | None = None  # [B, L-1] critic values before the update (advantage gae)
     returns: torch.Tensor | None = None  # [B, L-1] GAE returns, the critic's regression targets
+    prompt_lens: torch.Tensor | None = None  # [B] prompt tokens of each row (rows of a group share them)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -61,7 +62,17 @@ def collate(trajs: list[Trajectory], seq_adv: torch.Tensor | None, pad_id: int) 
             token_rewards[i, p - 1 : p - 1 + r] = torch.tensor(t.rewards, dtype=torch.float32)
     adv = torch.zeros_like(mask) if seq_adv is None else broadcast_to_tokens(seq_adv.to(torch.float32), mask)
     group_ids = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
-    return TokenBatch(input_ids, attention, mask, rollout_logp, adv, token_rewards=token_rewards, group_ids=group_ids)
+    prompt_lens = torch.tensor([len(t.prompt_ids) for t in trajs], dtype=torch.long)
+    return TokenBatch(
+        input_ids,
+        attention,
+        mask,
+        rollout_logp,
+        adv,
+        token_rewards=token_rewards,
+        group_ids=group_ids,
+        prompt_lens=prompt_lens,
+    )
 
 
 def token_logprobs(

@@ -164,7 +164,11 @@ async def rl_step(run: RLRun, step: int) -> dict[str, float]:
     # 2. Rewards -> shaped rewards (length terms, KL in reward mode) -> critic values (gae) -> advantages.
     batch = collate(trajs, None, run.chat.tokenizer.pad_token_id or 0)
     reward_kl = run.ref is not None and alg.kl_mode == "reward"
-    ref_logp = logprobs_no_grad(run.ref, batch, cfg.trainer.micro_batch_size, temperature) if reward_kl else None
+    ref_logp = (
+        logprobs_no_grad(run.ref, batch, cfg.trainer.micro_batch_size, temperature, cfg.trainer.shared_prefix)
+        if reward_kl
+        else None
+    )
     values = None if run.critic is None else run.critic.values(batch)
     adv_metrics = assign_advantages(
         batch,

@@ -21,6 +21,7 @@ from thermik.algorithms.off_policy import OffPolicyParams, off_policy_weights
 from thermik.algorithms.reductions import prompt_weights
 from thermik.config.schema import AlgorithmConfig, TrainerConfig
 from thermik.training.batch import TokenBatch, token_logprobs
+from thermik.training.shared_prefix import token_logprobs_shared
 
 PER_TOKEN_FIELDS = ("mask", "rollout_logp", "adv", "old_logp", "ref_logp", "token_rewards", "values", "returns")
 
@@ -49,13 +50,26 @@ def _micro_batches(batch: TokenBatch, size: int) -> list[tuple[int, TokenBatch]]
     return out
 
 
+def batch_logprobs(
+    model: torch.nn.Module, mb: TokenBatch, temperature: float, shared_prefix: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp, entropy) [B, L-1] of the micro-batch: each shared prompt computed once when `shared_prefix` and the
+    model allow it (equal on response positions; prompt positions are then 0), else the plain forward."""
+    if shared_prefix and mb.prompt_lens is not None:
+        out = token_logprobs_shared(model, mb.input_ids, mb.attention_mask, mb.prompt_lens, temperature)
+        if out is not None:
+            return out
+    return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature)
+
+
 @torch.no_grad()
-def logprobs_no_grad(model: torch.nn.Module, batch: TokenBatch, size: int, temperature: float) -> torch.Tensor:
-    """Per-token logprobs [B, L-1] of `model` on the batch, micro-batch by micro-batch."""
+def logprobs_no_grad(
+    model: torch.nn.Module, batch: TokenBatch, size: int, temperature: float, shared_prefix: bool = True
+) -> torch.Tensor:
+    """Per-token logprobs [B, L-1] of `model` on the batch (response positions), micro-batch by micro-batch."""
     out = torch.zeros_like(batch.mask)
-    for start in range(0, len(batch), size):
-        mb = batch.slice(start, start + size)
-        out[start : start + size] = token_logprobs(model, mb.input_ids, mb.attention_mask, temperature)[0]
+    for start, mb in _micro_batches(batch, size):
+        out[start : start + len(mb), : mb.mask.shape[1]] = batch_logprobs(model, mb, temperature, shared_prefix)[0]
     return out
 
 
@@ -103,11 +117,12 @@ def policy_update(
     guard = guard or NonFiniteGuard(alg.max_nonfinite_steps)
     micro = trainer.micro_batch_size
     # With one optimizer step per batch the behaviour policy is the current one: old_logp = logp.detach().
-    old_all = logprobs_no_grad(policy, batch, micro, temperature) if trainer.mini_batches > 1 else None
+    shared = trainer.shared_prefix
+    old_all = logprobs_no_grad(policy, batch, micro, temperature, shared) if trainer.mini_batches > 1 else None
     if rollout_is_behaviour:
         old_all = batch.rollout_logp
     kl_in_loss = ref is not None and alg.kl_mode == "loss"
-    ref_all = logprobs_no_grad(ref, batch, micro, temperature) if kl_in_loss and ref is not None else None
+    ref_all = logprobs_no_grad(ref, batch, micro, temperature, shared) if kl_in_loss and ref is not None else None
     sums: dict[str, float] = defaultdict(float)
     per_mini = -(-len(batch) // trainer.mini_batches)
     for m_index, m_start in enumerate(range(0, len(batch), per_mini)):
@@ -118,7 +133,7 @@ def policy_update(
         optimizer.zero_grad(set_to_none=True)
         mini_loss = 0.0
         for start, mb in _micro_batches(mini, micro):
-            logp, entropy = token_logprobs(policy, mb.input_ids, mb.attention_mask, temperature)
+            logp, entropy = batch_logprobs(policy, mb, temperature, shared)
             old = logp.detach() if mb.old_logp is None else mb.old_logp
             weight, op_metrics = off_policy_weights(old, mb.rollout_logp, mb.mask, correction)
             reduce = reduction(start, start + len(mb))

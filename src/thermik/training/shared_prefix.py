@@ -1,0 +1,163 @@
+"""Training forward that runs each group's shared prompt once.
+
+The n samples of a GRPO group share their prompt, which in agent RL is often longer than the sampled part
+(system prompt, tool schemas, task). A plain forward pays for that prompt n times, forward and backward. This
+forward runs each distinct prompt of a micro-batch once, then runs every row's own tokens (its response: the
+sampled turns and the observations between them) attending to its prompt's keys and values, which are shared by
+gather, so their gradients add up over the group exactly as in n separate forwards. The logprobs and entropies
+it returns equal `batch.token_logprobs` on every response position (to float rounding; tested, values and
+gradients); prompt positions, which carry no loss, are 0.
+
+It calls the HF model's own submodules (projections, norms, MLP, rotary embedding), so PEFT adapters on them
+apply; only the attention wiring is ours. Qwen2/Qwen3/Llama-shaped models only (the same family as the engine's
+native forward); `token_logprobs_shared` falls back to the plain forward for anything else, and when no two rows
+of the micro-batch share a prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from thermik.algorithms.losses import entropy_from_logits
+from thermik.inference.native_model import unsupported_reason
+
+
+@dataclass
+class PrefixPlan:
+    """Which rows share which prompt: `group_of_row` [B] indexes `prompt_lens` [G] and `first_row` [G]."""
+
+    group_of_row: Tensor
+    first_row: Tensor
+    prompt_lens: Tensor
+    row_prompt_lens: Tensor  # [B]
+    row_lens: Tensor  # [B] real tokens per row
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.first_row.numel())
+
+
+def plan_prefixes(input_ids: Tensor, attention_mask: Tensor, prompt_lens: Tensor) -> PrefixPlan | None:
+    """Group rows by identical prompt; None when no prompt is shared (or a row has no response token)."""
+    row_lens = attention_mask.sum(1)
+    if bool((prompt_lens < 1).any() | (prompt_lens >= row_lens).any()):
+        return None
+    index: dict[tuple[int, ...], int] = {}
+    group_of_row, first_row = [], []
+    for i, p in enumerate(prompt_lens.tolist()):
+        key = tuple(input_ids[i, :p].tolist())
+        if key not in index:
+            index[key] = len(index)
+            first_row.append(i)
+        group_of_row.append(index[key])
+    if len(index) == len(group_of_row):
+        return None
+    first = torch.tensor(first_row)
+    return PrefixPlan(torch.tensor(group_of_row), first, prompt_lens[first], prompt_lens, row_lens)
+
+
+def supports_shared_prefix(model: torch.nn.Module) -> bool:
+    base = _causal_lm(model)
+    return unsupported_reason(base) is None and not (model.training and base.config.attention_dropout)
+
+
+def token_logprobs_shared(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_lens: Tensor,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor] | None:
+    """(logp [B, L-1], entropy [B, L-1]) like `batch.token_logprobs`, prompts computed once per group; None when
+    this forward does not apply (the caller then runs the plain one)."""
+    if not supports_shared_prefix(model):
+        return None
+    plan = plan_prefixes(input_ids, attention_mask, prompt_lens)
+    if plan is None:
+        return None
+    prompt_hidden, response_hidden, response_ids = _forward(_causal_lm(model), input_ids, plan)
+    lm = _causal_lm(model)
+    last = prompt_hidden[torch.arange(plan.num_groups), plan.prompt_lens - 1]  # predicts each response's 1st token
+    hidden = torch.cat([last[plan.group_of_row, None], response_hidden[:, :-1]], dim=1)  # [B, S, H]
+    logits = lm.lm_head(lm.model.norm(hidden)).float()
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, response_ids[..., None]).squeeze(-1)
+    entropy = entropy_from_logits(logits)
+    # Response position j of row i is next-token position prompt_len_i - 1 + j of the plain layout.
+    width = input_ids.shape[1] - 1
+    span = response_ids.shape[1]
+    cols = plan.row_prompt_lens[:, None] - 1 + torch.arange(span)[None]
+    return _place(logp, cols, width), _place(entropy, cols, width)
+
+
+def _place(values: Tensor, cols: Tensor, width: int) -> Tensor:
+    """Scatter [B, S] values to columns `cols` of a [B, width] zero tensor (differentiable). Columns past a row's
+    last token land on its padding (or past `width`, cut off)."""
+    out = values.new_zeros(values.shape[0], width + values.shape[1])
+    return out.scatter(1, cols, values)[:, :width]
+
+
+def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    get_base = getattr(model, "get_base_model", None)  # PEFT wrapper
+    return get_base() if callable(get_base) else model
+
+
+def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[Tensor, Tensor, Tensor]:
+    """(prompt hidden [G, P, H], response hidden [B, S, H], response ids [B, S]) before the final norm."""
+    inner, cfg = lm.model, lm.config
+    num_heads, num_kv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
+    batch = input_ids.shape[0]
+    prompt_width = int(plan.prompt_lens.max())
+    span = int((plan.row_lens - plan.row_prompt_lens).max())
+    prompt_ids = input_ids[plan.first_row, :prompt_width]  # tokens past a prompt's end are never attended to
+    offsets = torch.arange(span)[None]
+    gather_at = (plan.row_prompt_lens[:, None] + offsets).clamp(max=input_ids.shape[1] - 1)
+    response_ids = input_ids.gather(1, gather_at)
+    response_pos = plan.row_prompt_lens[:, None] + offsets
+    x_p, x_r = inner.embed_tokens(prompt_ids), inner.embed_tokens(response_ids)
+    rope_p = inner.rotary_emb(x_p, torch.arange(prompt_width)[None].expand(plan.num_groups, -1))
+    rope_r = inner.rotary_emb(x_r, response_pos)
+    # A response token sees its own prompt (keys < its prompt's length) and the response tokens up to itself.
+    sees_prompt = torch.arange(prompt_width)[None, :] < plan.row_prompt_lens[:, None]  # [B, P]
+    causal = torch.ones(span, span, dtype=torch.bool).tril()
+    mask = torch.cat([sees_prompt[:, None, :].expand(-1, span, -1), causal.expand(batch, -1, -1)], dim=2)[:, None]
+    shape = (num_heads, num_kv, head_dim)
+    for layer in inner.layers:
+        attn = layer.self_attn
+        q_p, k_p, v_p = _qkv(attn, layer.input_layernorm(x_p), rope_p, shape)
+        q_r, k_r, v_r = _qkv(attn, layer.input_layernorm(x_r), rope_r, shape)
+        a_p = F.scaled_dot_product_attention(q_p, k_p, v_p, is_causal=True, enable_gqa=num_kv != num_heads)
+        keys = torch.cat([k_p[plan.group_of_row], k_r], dim=2)
+        values = torch.cat([v_p[plan.group_of_row], v_r], dim=2)
+        a_r = F.scaled_dot_product_attention(q_r, keys, values, attn_mask=mask, enable_gqa=num_kv != num_heads)
+        x_p = x_p + attn.o_proj(a_p.transpose(1, 2).flatten(2))
+        x_r = x_r + attn.o_proj(a_r.transpose(1, 2).flatten(2))
+        x_p = x_p + layer.mlp(layer.post_attention_layernorm(x_p))
+        x_r = x_r + layer.mlp(layer.post_attention_layernorm(x_r))
+    return x_p, x_r, response_ids
+
+
+def _qkv(
+    attn: torch.nn.Module, h: Tensor, rope: tuple[Tensor, Tensor], shape: tuple[int, int, int]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Queries, keys, values [N, heads, T, head_dim] with the model's q/k norms (Qwen3) and RoPE applied."""
+    num_heads, num_kv, head_dim = shape
+    n, t = h.shape[:2]
+    q = attn.q_proj(h).view(n, t, num_heads, head_dim)
+    k = attn.k_proj(h).view(n, t, num_kv, head_dim)
+    v = attn.v_proj(h).view(n, t, num_kv, head_dim).transpose(1, 2)
+    if getattr(attn, "q_norm", None) is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    cos, sin = (c[:, None] for c in rope)
+    return _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin), v
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
