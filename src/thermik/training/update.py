@@ -68,8 +68,10 @@ def logprobs_no_grad(
 ) -> torch.Tensor:
     """Per-token logprobs [B, L-1] of `model` on the batch (response positions), micro-batch by micro-batch."""
     out = torch.zeros_like(batch.mask)
-    for start, mb in _micro_batches(batch, size):
-        out[start : start + len(mb), : mb.mask.shape[1]] = batch_logprobs(model, mb, temperature, shared_prefix)[0]
+    for start in range(0, len(batch), size):
+        out[start : start + size] = batch_logprobs(model, batch.slice(start, start + size), temperature, shared_prefix)[
+            0
+        ]
     return out
 
 
