@@ -189,3 +189,20 @@ def test_bad_key_fails_fast_without_torch() -> None:
     assert "ERR unknown config key 'trainer.stpes'" in out.stdout
     assert out.stdout.strip().endswith("False False"), out.stdout
     assert elapsed < 1.0, f"bad-key failure took {elapsed:.2f}s"
+
+
+@pytest.mark.parametrize(
+    ("section", "values", "named"),
+    [
+        ("algorithm", {"advantage": "gae"}, "algorithm.advantage='gae'"),
+        ("lora", {"enabled": True}, "lora.enabled"),
+        ("trainer", {"max_off_policy_steps": 1}, "max_off_policy_steps"),
+        ("algorithm", {"kl_coef": 0.1, "kl_mode": "reward"}, "kl_mode='reward'"),
+    ],
+)
+def test_ray_loop_rejects_what_it_does_not_run(section: str, values: dict, named: str) -> None:
+    from thermik.config.schema import RunConfig
+
+    with pytest.raises(ValueError, match=named):
+        RunConfig.model_validate({"distributed": {"enabled": True}, section: values})
+    RunConfig.model_validate({section: values})  # fine on one process

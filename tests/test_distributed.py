@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 pytest.importorskip("ray")
 import ray
 
+from tests.conftest import short_rl_config
+from tests.test_algorithms_rl import letter_env, stopping_model_dir  # noqa: F401  (fixtures, used by name)
 from tests.test_distributed_sharding import make_batch
 from thermik.config.schema import AlgorithmConfig, DistributedConfig, RunConfig, TrainerConfig
+from thermik.distributed import rl as ray_rl
 from thermik.distributed.launch import DistributedRun, TrainerWorkerError, start
 from thermik.distributed.sharding import shard_batch
 from thermik.inference.base import SamplingParams
@@ -222,3 +227,37 @@ def test_fsdp2_matches_single_process(fsdp_run: DistributedRun) -> None:
     assert max_diff(fsdp_run.trainer.grads(), ref_grads) < GRAD_ATOL
     assert_params_match(fsdp_run.trainer.state_dict(), ref_model.state_dict(), ref_grads, cfg.trainer.optimizer.lr)
     assert metrics["policy/grad_norm"] == pytest.approx(ref_metrics["policy/grad_norm"], rel=1e-5)
+
+
+def test_thermik_rl_on_ray_trains_checkpoints_resumes_and_exports(
+    ray_cluster: Any,
+    dist_run: DistributedRun,
+    stopping_model_dir: Path,  # noqa: F811
+    letter_env: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`thermik rl` with distributed.enabled: 2 data-parallel trainer workers + 1 engine actor (small CPU shares,
+    beside the module's other run); every step trains and pushes weights, rank 0 checkpoints, a rerun with more
+    steps resumes, and the export is a loadable HF model with trained weights."""
+    dist = {"enabled": True, "num_trainers": 2, "num_engines": 1, "cpus_per_actor": 0.1}
+    sections = {
+        "trainer": {"steps": 2, "prompts_per_step": 2, "group_size": 4, "micro_batch_size": 4},
+        "eval": {"size": 4},
+        "checkpoint": {"every": 1, "keep": 3},
+        "distributed": dist,
+    }
+    cfg = short_rl_config(tmp_path, stopping_model_dir, "ray-rl", letter_env, eval_rows=4, **sections)
+    result = ray_rl.run_rl(cfg)
+    assert result["after"]["n"] == 4
+    steps = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "time/step" in r]
+    assert [r["weights/version"] for r in steps] == [1.0, 2.0]
+    assert any(r["policy/grad_norm"] > 0 for r in steps)  # a step whose groups are all flat has no gradient
+    assert (cfg.run_dir / "checkpoints" / "step_2").is_dir()
+    more = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"steps": 3})})
+    ray_rl.run_rl(more)
+    steps = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if "time/step" in r] == [1, 2, 3]
+    exported = AutoModelForCausalLM.from_pretrained(cfg.run_dir / "export", local_files_only=True)
+    base = AutoModelForCausalLM.from_pretrained(stopping_model_dir, local_files_only=True)
+    assert max_diff(exported.state_dict(), base.state_dict()) > 0

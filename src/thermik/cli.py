@@ -44,7 +44,10 @@ def _run_configured(model_cls: type[BaseModel], argv: list[str], run: Callable[[
 
 
 def _cmd_rl(cfg: RunConfig) -> None:
-    from thermik.training.rl import run_rl
+    if cfg.distributed.enabled:  # trainer workers and engines as Ray actors
+        from thermik.distributed.rl import run_rl
+    else:
+        from thermik.training.rl import run_rl
 
     run_rl(cfg)
 

@@ -384,7 +384,26 @@ class RunConfig(Section):
                 "algorithm.dynamic_sampling works with synchronous training only; set it to 'none' or "
                 "trainer.max_off_policy_steps to 0"
             )
+        if self.distributed.enabled:
+            self._check_ray_loop()
         return self
+
+    def _check_ray_loop(self) -> None:
+        """What `thermik rl` on Ray (thermik.distributed.rl) does not run yet, named with the way out."""
+        alg = self.algorithm
+        unsupported = {
+            "algorithm.advantage='gae' (a critic)": alg.advantage == "gae",
+            "lora.enabled": self.lora.enabled,
+            "trainer.max_off_policy_steps > 0 (asynchronous training)": self.trainer.max_off_policy_steps > 0,
+            "algorithm.kl_mode='reward'": alg.kl_coef > 0 and alg.kl_mode == "reward",
+            "algorithm.kl_controller='adaptive'": alg.kl_coef > 0 and alg.kl_controller == "adaptive",
+        }
+        named = [name for name, on in unsupported.items() if on]
+        if named:
+            raise ValueError(
+                f"distributed.enabled does not support {', '.join(named)} yet; turn those off or run on one "
+                "process (distributed.enabled=false)"
+            )
 
 
 class SFTConfig(Section):

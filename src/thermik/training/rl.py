@@ -12,7 +12,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -41,6 +41,19 @@ from thermik.training.shaping import assign_advantages
 from thermik.training.update import logprobs_no_grad, policy_update
 
 CRITIC_DIR = "critic"  # inside a checkpoint directory: critic weights and optimizer
+
+
+class SamplingRun(Protocol):
+    """What sampling and held-out evaluation read from a run: `RLRun`, or the Ray loop's run
+    (thermik.distributed.rl), whose engine is a pool of engine actors."""
+
+    cfg: RunConfig
+    engine: InferenceEngine
+    make_env: EnvFactory
+    chat: ChatTokenizer
+    sampler: PromptSampler
+    held_out: list[dict[str, Any]]
+    limits: LoopLimits
 
 
 @dataclass
@@ -116,7 +129,7 @@ def _build_critic(cfg: RunConfig) -> Critic | None:
     return Critic.from_config(cfg.model, cfg.critic, cfg.trainer.micro_batch_size)
 
 
-async def _sample(run: RLRun, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
+async def sample_step(run: SamplingRun, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
     """(all sampled trajectories, the training batch, metrics). With DAPO dynamic sampling the batch keeps only
     groups whose rewards differ: `filter` samples up to dynamic_sampling_max_rounds more rounds of prompts to
     fill prompts_per_step groups, `replace` duplicates kept groups instead."""
@@ -159,7 +172,7 @@ async def rl_step(run: RLRun, step: int) -> dict[str, float]:
     # 1. Rollout: n samples per prompt (sync: all episodes of the batch now, concurrently, + DAPO dynamic
     #    sampling; async: the oldest admissible groups the producer made meanwhile).
     t0 = time.perf_counter()
-    sampled, trajs, batch_metrics = await (_sample(run, step) if run.producer is None else _take_groups(run))
+    sampled, trajs, batch_metrics = await (sample_step(run, step) if run.producer is None else _take_groups(run))
     t_generate = time.perf_counter() - t0
     # 2. Rewards -> shaped rewards (length terms, KL in reward mode) -> critic values (gae) -> advantages.
     batch = collate(trajs, None, run.chat.tokenizer.pad_token_id or 0)
@@ -276,7 +289,7 @@ def _start_producer(run: RLRun) -> GroupProducer:
     return producer
 
 
-async def _evaluate(run: RLRun, label: str) -> EvalResult:
+async def evaluate_held_out(run: SamplingRun, label: str) -> EvalResult:
     result, trajs = await evaluate(
         run.engine, run.make_env, run.chat, run.held_out, run.limits, run.cfg.eval.temperature, seed=run.cfg.seed
     )
@@ -314,7 +327,7 @@ async def train(cfg: RunConfig) -> dict[str, Any]:
         if cfg.eval.before and before_path.exists():
             before = EvalResult(**json.loads(before_path.read_text()))
         elif cfg.eval.before:
-            before = await _evaluate(run, "before")
+            before = await evaluate_held_out(run, "before")
             run.logger.log(0, before.as_metrics())  # step 0 on the reward plot
         else:
             before = None
@@ -329,20 +342,20 @@ async def train(cfg: RunConfig) -> dict[str, Any]:
                 metrics = await rl_step(run, step)
                 metrics["progress/samples"] = float((step + 1) * samples_per_step)
                 if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.trainer.steps:
-                    metrics.update((await _evaluate(run, f"step_{step + 1}")).as_metrics())
+                    metrics.update((await evaluate_held_out(run, f"step_{step + 1}")).as_metrics())
                 run.logger.log(step + 1, metrics)
                 progress.update(step + 1, {"reward": metrics["reward/mean"], "step_s": metrics["time/step"]})
                 if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
                     _save_checkpoint(run, step + 1)
         if run.producer is not None:
             await run.producer.stop()
-        after = await _evaluate(run, "after")
+        after = await evaluate_held_out(run, "after")
         run.logger.log(cfg.trainer.steps, after.as_metrics())
         if not cfg.checkpoint.every or cfg.trainer.steps % cfg.checkpoint.every:
             _save_checkpoint(run, cfg.trainer.steps)
         _export(run)
         plot_run(cfg.run_dir / "metrics.jsonl", cfg.run_dir)
-        _print_summary(cfg, before, after)
+        print_summary(cfg, before, after)
         return {"before": None if before is None else before.__dict__, "after": after.__dict__}
     finally:
         if run.producer is not None:
@@ -352,7 +365,7 @@ async def train(cfg: RunConfig) -> dict[str, Any]:
         await close_default_pool()
 
 
-def _print_summary(cfg: RunConfig, before: EvalResult | None, after: EvalResult) -> None:
+def print_summary(cfg: RunConfig, before: EvalResult | None, after: EvalResult) -> None:
     rows = [
         [label, f"{r.success:.3f}", f"{r.reward:.3f}", f"{r.turns:.2f}", str(r.n)]
         for label, r in (("before", before), ("after", after))

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.distributed.fsdp import FSDPModule
+from transformers import PreTrainedModel
 
 from thermik.algorithms.losses import entropy_from_logits
 from thermik.inference.native_model import unsupported_reason
@@ -61,7 +63,11 @@ def plan_prefixes(input_ids: Tensor, attention_mask: Tensor, prompt_lens: Tensor
 
 
 def supports_shared_prefix(model: torch.nn.Module) -> bool:
+    """A plain (or PEFT-wrapped) supported HF model. Wrappers with forward hooks of their own (DDP, FSDP2, the Ray
+    workers' gradient scaling) must run their own forward, so they get the plain one."""
     base = _causal_lm(model)
+    if not isinstance(base, PreTrainedModel) or isinstance(base, FSDPModule):
+        return False
     return unsupported_reason(base) is None and not (model.training and base.config.attention_dropout)
 
 
