@@ -50,6 +50,7 @@ def setup(cfg: RunConfig) -> RLRun:
     policy, chat = components.load_policy(cfg.model, cfg.lora)
     train_rows, held_out = components.load_datasets(cfg.data, cfg.env.name)
     engine_cfg, update_threads = _thread_split(cfg)
+    learner = learner_parts(cfg, policy, run_dir)
     run = RLRun(
         cfg=cfg,
         policy=policy,
@@ -60,7 +61,7 @@ def setup(cfg: RunConfig) -> RLRun:
         held_out=held_out[: cfg.eval.size],
         limits=LoopLimits.from_config(cfg.rollout, cfg.env.max_turns),
         update_threads=update_threads,
-        **learner_parts(cfg, policy, run_dir),
+        **learner,
     )
     extra = restore(run)
     if extra is not None:

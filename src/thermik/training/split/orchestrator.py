@@ -94,7 +94,7 @@ async def setup_orchestrator(cfg: RunConfig) -> Orchestrator:
         cfg.split.wait_timeout_s,
         cfg.split.poll_interval_s,
         waiting_for=f"the inference server at {inf.base_url}",
-        check="`thermik inference` with this config (server.port must match inference.base_url)",
+        check="that `thermik inference` runs with this config (server.port must match inference.base_url)",
     )
     orch.step_of_version[version] = 0
     published = published_steps(layout.weights)
@@ -133,7 +133,7 @@ async def load_new_weights(orch: Orchestrator, step: int, max_off_policy_steps: 
         cfg.split.wait_timeout_s,
         cfg.split.poll_interval_s,
         waiting_for=f"the weights of step {need} ({orch.layout.weights_dir(need)})",
-        check="`thermik trainer` with this config",
+        check="that `thermik trainer` runs with this config (see the trainer's log and trainer/metrics.jsonl)",
     )
     waited = time.perf_counter() - t0
     for step in published_steps(orch.layout.weights):

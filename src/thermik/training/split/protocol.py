@@ -159,7 +159,7 @@ async def wait_until(
             return value
         if time.monotonic() >= deadline:
             raise SplitTimeout(
-                f"waited {timeout_s:g} s for {waiting_for}; check {check} (is it running? see its log and "
-                "metrics.jsonl), or raise split.wait_timeout_s if its step takes longer"
+                f"waited {timeout_s:g} s for {waiting_for}; check {check}, or raise split.wait_timeout_s if it is "
+                "only slow"
             )
         await asyncio.sleep(poll_s)

@@ -62,7 +62,8 @@ async def wait_for_rollouts(layout: SplitLayout, step: int, cfg: RunConfig) -> t
         cfg.split.wait_timeout_s,
         cfg.split.poll_interval_s,
         waiting_for=f"the rollouts of step {step} ({directory})",
-        check="`thermik orchestrator` with this config (and the inference server it drives)",
+        check="that `thermik orchestrator` runs with this config and reaches its inference server (see the "
+        "orchestrator's log and orchestrator/metrics.jsonl)",
     )
     return load_batch(directory), json.loads((directory / META_FILE).read_text())
 
