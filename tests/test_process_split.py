@@ -24,6 +24,7 @@ from thermik.inference.remote import WEIGHTS_FILE, write_safetensors
 from thermik.inference.server.app import build_app
 from thermik.rollout.trajectory import Trajectory
 from thermik.training.batch import collate
+from thermik.training.learner import save_checkpoint
 from thermik.training.split.orchestrator import load_new_weights, setup_orchestrator
 from thermik.training.split.protocol import (
     DONE,
@@ -36,7 +37,7 @@ from thermik.training.split.protocol import (
     save_batch,
     write_json_atomic,
 )
-from thermik.training.split.trainer import train_split, wait_for_rollouts
+from thermik.training.split.trainer import setup_trainer, train_split, wait_for_rollouts
 
 
 def test_admission_rule() -> None:
@@ -124,6 +125,30 @@ def test_orchestrator_admits_steps_by_published_weights(tmp_path: Path, tiny_mod
         assert versions == {0: 0, 1: 1}  # the server loaded weights/step_1 as its version 1
         assert httpx.get(url + "/weight_version").json() == {"weight_version": 1}
         assert "weights of step 3" in message and "thermik trainer" in message
+
+        # A restarted orchestrator goes on from its state file and tells the server the newest weights again.
+        write_json_atomic(SplitLayout(cfg.run_dir).orchestrator_state, {"next_step": 2, "sampler": {"position": 8}})
+
+        async def restart() -> tuple[int, int, dict[int, int]]:
+            orch = await setup_orchestrator(cfg)
+            orch.logger.close()
+            await orch.engine.close()
+            return orch.start_step, orch.sampler.position, orch.step_of_version
+
+        assert asyncio.run(restart()) == (2, 8, {2: 1})
+
+
+def test_a_restarted_trainer_resumes_and_republishes_its_weights(tmp_path: Path, tiny_model_dir: Path) -> None:
+    cfg = short_rl_config(tmp_path, tiny_model_dir, "restart", "reverse_text")
+    learner, layout = setup_trainer(cfg)
+    save_checkpoint(learner, 2)
+    learner.logger.close()
+    assert published_steps(layout.weights) == []  # a fresh trainer publishes nothing: step 0 is model.path
+    learner, layout = setup_trainer(cfg)
+    learner.logger.close()
+    assert learner.start_step == 2 and published_steps(layout.weights) == [2]
+    published = load_file(str(layout.weights_dir(2) / WEIGHTS_FILE))
+    assert all(torch.equal(published[k], v) for k, v in learner.policy.state_dict().items() if k in published)
 
 
 def test_one_file_configures_the_server_too(tmp_path: Path) -> None:

@@ -96,10 +96,11 @@ async def setup_orchestrator(cfg: RunConfig) -> Orchestrator:
         waiting_for=f"the inference server at {inf.base_url}",
         check="that `thermik inference` runs with this config (server.port must match inference.base_url)",
     )
-    orch.step_of_version[version] = 0
     published = published_steps(layout.weights)
     if published:
         await _load(orch, published[-1])
+    else:
+        orch.step_of_version[version] = 0
     return orch
 
 
