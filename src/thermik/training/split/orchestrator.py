@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from thermik.config.loader import dump_toml
@@ -174,7 +175,7 @@ async def orchestrator_step(orch: Orchestrator, step: int) -> dict[str, float]:
     batch = collate(trajs, None, orch.chat.tokenizer.pad_token_id or 0)
     meta = {"step": step, "weight_step": step - max(stale), "num_samples": len(trajs)}
 
-    def write(directory: Any) -> None:
+    def write(directory: Path) -> None:
         save_batch(batch, directory)
         dump_trajectories(directory / TRAJECTORIES_FILE, trajs)
         write_json_atomic(directory / META_FILE, meta)
