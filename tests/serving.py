@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -10,7 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import uvicorn
+from conftest import cli_env, thermik_argv
 
 from thermik.inference.server.run import load_engine
 
@@ -46,3 +50,20 @@ def running(app: Any, on_exit: Callable[[], Awaitable[None]] | None = None) -> I
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def start_thermik_inference(log: Path, *args: str) -> tuple[subprocess.Popen[bytes], str]:
+    """`thermik inference ARGS` as a user starts it (add `--server.port 0` for a free port); returns the process
+    and the base URL read from its log."""
+    argv = thermik_argv("inference", *args)
+    proc = subprocess.Popen(argv, env=cli_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        match = re.search(r"Uvicorn running on (http://[\d.]+:\d+)", log.read_text(errors="replace"))
+        if match:
+            return proc, match.group(1)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"thermik inference did not start:\n{log.read_text(errors='replace')}")

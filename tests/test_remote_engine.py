@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import cli_env, thermik_argv
 from safetensors.torch import load_file
-from serving import embedded_engine, running
+from serving import embedded_engine, running, start_thermik_inference
 
 from thermik.cli import main
 from thermik.inference.base import Generation, SamplingParams
@@ -150,25 +146,10 @@ def test_vllm_style_choice_with_token_id_strings() -> None:
     assert gen.top_logprobs == [{17: -0.25, 3: -2.0}, {4: -1.5}] and gen.weight_versions == [3, 3]
 
 
-def _start_thermik_inference(model_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """`thermik inference` as a user starts it, on a free port read from its log."""
-    args = thermik_argv("inference", "--model.path", str(model_dir), "--server.port", "0")
-    proc = subprocess.Popen(args, env=cli_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        match = re.search(r"Uvicorn running on (http://[\d.]+:\d+)", log.read_text(errors="replace"))
-        if match:
-            return proc, match.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    pytest.fail(f"thermik inference did not start:\n{log.read_text(errors='replace')}")
-
-
 @pytest.mark.slow
 def test_rl_steps_through_a_thermik_inference_server(tiny_model_dir: Path, tmp_path: Path) -> None:
-    proc, url = _start_thermik_inference(tiny_model_dir, tmp_path / "server.log")
+    server_args = ("--model.path", str(tiny_model_dir), "--server.port", "0")
+    proc, url = start_thermik_inference(tmp_path / "server.log", *server_args)
     try:
         args = [
             "rl",

@@ -4,6 +4,8 @@ thermik rl  [@ a.toml @ b.toml] [--section.key value ...] [--dry-run] [--help]
 thermik sft [@ a.toml ...] [--key value ...] [--dry-run] [--help]
 thermik eval [@ a.toml ...] [--key value ...]        (held-out evaluation of model.path)
 thermik inference [@ a.toml ...] [--server.port 8000 ...]   (OpenAI-compatible server for model.path)
+thermik trainer [@ a.toml ...] [--key value ...]       (split run: the policy updates; docs/process_split.md)
+thermik orchestrator [@ a.toml ...] [--key value ...]  (split run: rollouts on the inference server)
 thermik model init --preset NAME --out DIR
 thermik synthesize --env NAME --n N --out DIR [--split train|eval] [--seed S] [--llm-base-url URL --llm-model M]
 thermik synthesize --from-conversations FILE --out DIR [--env-class mcp]
@@ -25,14 +27,20 @@ from thermik.config import ConfigError, dump_toml, format_help, load_config, wan
 from thermik.config.schema import LLMGeneratorConfig, RunConfig, ServeConfig, SFTConfig
 
 
-def _run_configured(model_cls: type[BaseModel], argv: list[str], run: Callable[[Any], Any], prog: str) -> int:
+def _run_configured(
+    model_cls: type[BaseModel],
+    argv: list[str],
+    run: Callable[[Any], Any],
+    prog: str,
+    shared_with: type[BaseModel] | None = None,
+) -> int:
     if wants_help(argv):
         print(f"usage: thermik {prog} [@ FILE.toml ...] [--section.key VALUE ...] [--dry-run]\n")
         print(format_help(model_cls))
         return 0
     dry_run = "--dry-run" in argv
     try:
-        cfg = load_config(model_cls, [a for a in argv if a != "--dry-run"])
+        cfg = load_config(model_cls, [a for a in argv if a != "--dry-run"], shared_with=shared_with)
     except ConfigError as e:
         print(f"thermik {prog}: config error: {e}", file=sys.stderr)
         return 2
@@ -62,6 +70,26 @@ def _cmd_eval(cfg: RunConfig) -> None:
     from thermik.training.evaluate_model import run_eval
 
     print(json.dumps(run_eval(cfg)))
+
+
+def _cmd_trainer(cfg: RunConfig) -> None:
+    from thermik.training.split.protocol import SplitTimeout
+    from thermik.training.split.trainer import run_trainer
+
+    try:
+        print(json.dumps(run_trainer(cfg)))
+    except SplitTimeout as e:
+        sys.exit(f"thermik trainer: {e}")
+
+
+def _cmd_orchestrator(cfg: RunConfig) -> None:
+    from thermik.training.split.orchestrator import run_orchestrator
+    from thermik.training.split.protocol import SplitTimeout
+
+    try:
+        print(json.dumps(run_orchestrator(cfg)))
+    except SplitTimeout as e:
+        sys.exit(f"thermik orchestrator: {e}")
 
 
 def _cmd_inference(cfg: ServeConfig) -> None:
@@ -123,7 +151,7 @@ def _cmd_synthesize(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = ("rl", "sft", "eval", "inference", "model", "synthesize")
+COMMANDS = ("rl", "sft", "eval", "inference", "trainer", "orchestrator", "model", "synthesize")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "eval":
         return _run_configured(RunConfig, rest, _cmd_eval, "eval")
     if cmd == "inference":
-        return _run_configured(ServeConfig, rest, _cmd_inference, "inference")
+        return _run_configured(ServeConfig, rest, _cmd_inference, "inference", shared_with=RunConfig)
+    if cmd == "trainer":
+        return _run_configured(RunConfig, rest, _cmd_trainer, "trainer")
+    if cmd == "orchestrator":
+        return _run_configured(RunConfig, rest, _cmd_orchestrator, "orchestrator")
     if cmd == "model":
         return _cmd_model(rest)
     if cmd == "synthesize":

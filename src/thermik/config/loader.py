@@ -225,18 +225,37 @@ def wants_help(argv: list[str]) -> bool:
     return any(a in _HELP_FLAGS for a in argv)
 
 
-def load_config(model_cls: type[M], argv: list[str], env: Mapping[str, str] | None = None) -> M:
+def _own_keys(
+    model_cls: type[BaseModel], shared_with: type[BaseModel] | None, table: Mapping[str, Any], source: str
+) -> dict[str, Any]:
+    """The top-level keys of `table` that `model_cls` has, after checking the others against `shared_with` (a
+    config one file serves together with `model_cls`: `thermik inference @ rl.toml` reads the server's part)."""
+    own = {k: v for k, v in table.items() if k in model_cls.model_fields or shared_with is None}
+    _check_table(model_cls, own, "", source)
+    if shared_with is not None:
+        _check_table(shared_with, {k: v for k, v in table.items() if k not in own}, "", source)
+    return own
+
+
+def load_config(
+    model_cls: type[M],
+    argv: list[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    shared_with: type[BaseModel] | None = None,
+) -> M:
     """Build and validate `model_cls` from `@ file.toml` args, THERMIK_* env vars and `--a.b v` flags.
 
     `env` defaults to `os.environ`; pass `{}` to ignore the environment (tests, reproducible runs).
     Unknown THERMIK_* variables fail like unknown flags: a typo is never silently ignored.
+    `shared_with`: keys of this other config that `model_cls` lacks are checked against it, then ignored, so
+    one file (and one environment) can configure several processes.
     """
     files, flags = _split_argv(argv)
     tree: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for path in files:
-        table = _read_toml(path)
-        _check_table(model_cls, table, "", f"file '{path}'")
+        table = _own_keys(model_cls, shared_with, _read_toml(path), f"file '{path}'")
         tree = _deep_merge(tree, table)
         _leaf_sources(table, "", f"file '{path}'", sources)
     overrides = _env_overrides(os.environ if env is None else env)
@@ -244,6 +263,9 @@ def load_config(model_cls: type[M], argv: list[str], env: Mapping[str, str] | No
     for path, raw, source in overrides:
         if not all(path):
             raise ConfigError(f"malformed config key '{'.'.join(path)}' (from {source}).")
+        if shared_with is not None and path[0] not in model_cls.model_fields:
+            _resolve_path(shared_with, path, source)  # another process's key: checked, not used here
+            continue
         annotation = _resolve_path(model_cls, path, source)
         _set_path(tree, path, _parse_value(raw, annotation))
         sources[".".join(path)] = source

@@ -345,6 +345,18 @@ class DistributedConfig(Section):
         return self
 
 
+class SplitConfig(Section):
+    """`thermik trainer` + `thermik orchestrator`: the file protocol between them (docs/process_split.md)."""
+
+    wait_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="Most seconds the trainer waits for a rollout batch, or the orchestrator for weights, before "
+        "stopping with an error that names the other process; cover one step of the other side.",
+    )
+    poll_interval_s: float = Field(0.2, gt=0, description="Seconds between two looks for a new file.")
+
+
 class RunConfig(Section):
     """`thermik rl`: GRPO on an environment."""
 
@@ -366,6 +378,10 @@ class RunConfig(Section):
     distributed: DistributedConfig = Field(
         default_factory=DistributedConfig, description="Ray scale-out (thermik.distributed.launch)."
     )
+    server: ServerConfig = Field(
+        default_factory=ServerConfig, description="`thermik inference @ this.toml`: the server the orchestrator uses."
+    )
+    split: SplitConfig = Field(default_factory=SplitConfig, description="`thermik trainer` / `thermik orchestrator`.")
 
     @property
     def run_dir(self) -> Path:

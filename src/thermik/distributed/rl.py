@@ -22,39 +22,28 @@ from thermik.config.schema import RunConfig
 from thermik.data.sampler import PromptSampler
 from thermik.distributed.launch import DistributedRun, start
 from thermik.eval.evaluate import EvalResult
-from thermik.inference.base import InferenceEngine
 from thermik.monitor.metrics import MetricsLogger
 from thermik.monitor.plots import plot_run
 from thermik.monitor.progress import StepProgress
-from thermik.rollout.agent_loop import EnvFactory, LoopLimits
+from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.metrics import rollout_metrics
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.tools.mcp_pool import close_default_pool, configure_default_pool
 from thermik.training import components
 from thermik.training.algo_state import AlgorithmState
 from thermik.training.batch import collate
-from thermik.training.rl import evaluate_held_out, print_summary, sample_step
+from thermik.training.rl import print_summary
+from thermik.training.rollout_context import RolloutContext, evaluate_held_out, sample_step
 from thermik.training.shaping import assign_advantages
 
 
-@dataclass
-class RayRLRun:
-    """A `SamplingRun` whose engine is the pool of engine actors, plus the Ray side and the driver's state."""
+@dataclass(kw_only=True)
+class RayRLRun(RolloutContext):
+    """The rollout half of a run, its engine the pool of engine actors; plus the Ray side and the driver's state."""
 
-    cfg: RunConfig
     dist: DistributedRun
-    chat: ChatTokenizer
-    make_env: EnvFactory
-    sampler: PromptSampler
-    held_out: list[dict[str, Any]]
-    limits: LoopLimits
     logger: MetricsLogger
     algo: AlgorithmState
     start_step: int = 0
-
-    @property
-    def engine(self) -> InferenceEngine:
-        return self.dist.engines
 
 
 def setup(cfg: RunConfig, dist: DistributedRun) -> RayRLRun:
@@ -66,6 +55,7 @@ def setup(cfg: RunConfig, dist: DistributedRun) -> RayRLRun:
     run = RayRLRun(
         cfg=cfg,
         dist=dist,
+        engine=dist.engines,
         chat=chat,
         make_env=components.env_factory(cfg.env),
         sampler=PromptSampler(train_rows, cfg.data.seed),
@@ -135,7 +125,7 @@ async def rl_loop(run: RayRLRun) -> dict[str, Any]:
         if before_path.exists():
             before = EvalResult(**json.loads(before_path.read_text()))
         else:
-            before = await evaluate_held_out(run, "before")
+            before = await evaluate_held_out(run, "before", cfg.run_dir)
             run.logger.log(0, before.as_metrics())
     samples_per_step = cfg.trainer.prompts_per_step * cfg.trainer.group_size
     with StepProgress(cfg.trainer.steps, f"GRPO on Ray {cfg.env.name}", cfg.monitor.progress) as progress:
@@ -144,12 +134,12 @@ async def rl_loop(run: RayRLRun) -> dict[str, Any]:
             metrics = await rl_step(run, step)
             metrics["progress/samples"] = float((step + 1) * samples_per_step)
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.trainer.steps:
-                metrics.update((await evaluate_held_out(run, f"step_{step + 1}")).as_metrics())
+                metrics.update((await evaluate_held_out(run, f"step_{step + 1}", cfg.run_dir)).as_metrics())
             run.logger.log(step + 1, metrics)
             progress.update(step + 1, {"reward": metrics["reward/mean"], "step_s": metrics["time/step"]})
             if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
                 _save_checkpoint(run, step + 1)
-    after = await evaluate_held_out(run, "after")
+    after = await evaluate_held_out(run, "after", cfg.run_dir)
     run.logger.log(cfg.trainer.steps, after.as_metrics())
     if not cfg.checkpoint.every or cfg.trainer.steps % cfg.checkpoint.every:
         _save_checkpoint(run, cfg.trainer.steps)

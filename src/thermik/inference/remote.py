@@ -29,6 +29,7 @@ TOKEN_ID_PREFIX = "token_id:"
 # so it is sent again on a fresh connection; other transport errors (timeouts) are not retried.
 _RETRIED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 ATTEMPTS = 4
+WEIGHTS_FILE = "model.safetensors"
 KEEPALIVE_EXPIRY_S = 2.0  # below uvicorn's 5 s keep-alive timeout, so the client drops idle connections first
 
 
@@ -70,8 +71,8 @@ def generation_from_choice(choice: dict[str, Any], fallback_version: int) -> Gen
     )
 
 
-def save_state_dict(state: dict[str, torch.Tensor], directory: Path) -> Path:
-    """Write `state` as directory/model.safetensors atomically (temp dir, then rename); tied tensors stored once."""
+def write_safetensors(state: dict[str, torch.Tensor], path: Path) -> None:
+    """Write `state` as one safetensors file; tied tensors are stored once."""
     seen: set[tuple[int, tuple[int, ...]]] = set()
     tensors: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
@@ -80,9 +81,14 @@ def save_state_dict(state: dict[str, torch.Tensor], directory: Path) -> Path:
             continue  # a tied weight (e.g. lm_head = embed_tokens): loading the first name updates both
         seen.add(key)
         tensors[name] = tensor.detach().to("cpu").contiguous()
+    save_file(tensors, str(path))
+
+
+def save_state_dict(state: dict[str, torch.Tensor], directory: Path) -> Path:
+    """Write `state` as directory/model.safetensors atomically (temp dir, then rename); tied tensors stored once."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
-    save_file(tensors, str(tmp / "model.safetensors"))
+    write_safetensors(state, tmp / WEIGHTS_FILE)
     tmp.rename(directory)
     return directory
 

@@ -1,0 +1,153 @@
+"""The training half of an RL run: policy (+ reference, critic), optimizer, checkpoints and one update per batch.
+
+`thermik rl` holds it together with the rollout half (`RLRun`); `thermik trainer` holds it alone and reads its
+batches from files the orchestrator writes. Both call `train_on_batch`, so the update is the same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from thermik.config.schema import RunConfig
+from thermik.monitor.metrics import MetricsLogger
+from thermik.rollout.tokenization import ChatTokenizer
+from thermik.training import reference
+from thermik.training.algo_state import AlgorithmState
+from thermik.training.batch import TokenBatch
+from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
+from thermik.training.critic import Critic
+from thermik.training.optim import build_optimizer
+from thermik.training.shaping import assign_advantages
+from thermik.training.update import logprobs_no_grad, policy_update
+
+CRITIC_DIR = "critic"  # inside a checkpoint directory: critic weights and optimizer
+
+
+@dataclass(kw_only=True)
+class Learner:
+    """Everything the policy update holds across steps."""
+
+    cfg: RunConfig
+    policy: torch.nn.Module
+    ref: torch.nn.Module | None
+    chat: ChatTokenizer
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    checkpoints: CheckpointManager
+    logger: MetricsLogger
+    algo: AlgorithmState
+    critic: Critic | None = None  # advantage "gae" only
+    start_step: int = 0
+    update_threads: int = 0  # torch threads of the update thread; 0 inherits
+
+
+def learner_parts(cfg: RunConfig, policy: torch.nn.Module, metrics_dir: Path) -> dict[str, Any]:
+    """The Learner's fields besides cfg/policy/chat, as keywords (RLRun and the split trainer build from them)."""
+    optimizer, scheduler = build_optimizer(policy, cfg.trainer.optimizer)
+    return {
+        "ref": reference.build_reference(policy, cfg.algorithm),
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "checkpoints": CheckpointManager(cfg.run_dir / "checkpoints", keep=cfg.checkpoint.keep),
+        "logger": MetricsLogger(metrics_dir, cfg.monitor.tensorboard, cfg.monitor.wandb_project),
+        "algo": AlgorithmState.from_config(cfg.algorithm),
+        "critic": _build_critic(cfg),
+    }
+
+
+def _build_critic(cfg: RunConfig) -> Critic | None:
+    """A value model when the advantage estimator needs one (gae)."""
+    if cfg.algorithm.advantage != "gae":
+        return None
+    return Critic.from_config(cfg.model, cfg.critic, cfg.trainer.micro_batch_size)
+
+
+def restore(learner: Learner) -> dict[str, Any] | None:
+    """Load the newest checkpoint (when checkpoint.resume) into the learner; returns its saved extras or None."""
+    latest = learner.checkpoints.latest() if learner.cfg.checkpoint.resume else None
+    if latest is None:
+        return None
+    extra = load_training_state(latest, learner.policy, learner.optimizer)
+    if learner.critic is not None:
+        learner.critic.load(latest / CRITIC_DIR)
+    learner.start_step = int(extra["step"])
+    learner.scheduler.load_state_dict(extra["scheduler"])
+    learner.algo.kl.value = float(extra.get("kl_coef", learner.algo.kl.value))  # the adaptive KL weight goes on
+    learner.logger.truncate_after(learner.start_step + 1)  # steps <= start_step are done and kept
+    return extra
+
+
+def save_checkpoint(learner: Learner, step: int, extra: dict[str, Any] | None = None) -> None:
+    """Policy, optimizer, RNG, scheduler, KL weight (+ critic) as checkpoints/step_<step>, atomically."""
+    state = {"step": step, "scheduler": learner.scheduler.state_dict(), "kl_coef": learner.algo.kl.value}
+    state.update(extra or {})
+
+    def write(directory: Path) -> None:
+        save_training_state(directory, learner.policy, learner.optimizer, step, extra=state)
+        if learner.critic is not None:
+            learner.critic.save(directory / CRITIC_DIR)
+
+    learner.checkpoints.save(step, write)
+
+
+async def train_on_batch(
+    learner: Learner, batch: TokenBatch, step: int, *, rollout_is_behaviour: bool
+) -> tuple[dict[str, float], float]:
+    """Advantages, then the policy (and critic) update, on one collated batch; returns (metrics, update seconds).
+
+    rollout_is_behaviour: the batch was sampled by older weights (asynchronous training), so the rollout logprobs
+    are the behaviour policy of the PPO ratio.
+    """
+    cfg, alg = learner.cfg, learner.cfg.algorithm
+    temperature = cfg.rollout.sampling.temperature or 1.0
+    # Rewards -> shaped rewards (length terms, KL in reward mode) -> critic values (gae) -> advantages.
+    reward_kl = learner.ref is not None and alg.kl_mode == "reward"
+    ref_logp = (
+        logprobs_no_grad(learner.ref, batch, cfg.trainer.micro_batch_size, temperature, cfg.trainer.shared_prefix)
+        if reward_kl
+        else None
+    )
+    values = None if learner.critic is None else learner.critic.values(batch)
+    adv_metrics = assign_advantages(
+        batch,
+        alg,
+        max_response_length=cfg.rollout.max_generate_length,
+        ref_logp=ref_logp,
+        kl_coef=learner.algo.kl.value,
+        values=values,
+    )
+    # Policy (and critic) update on exactly the sampled token ids, in a thread: async rollouts and tool calls go on
+    # meanwhile; then KL controller, health checks, reference refresh.
+    t0 = time.perf_counter()
+    update_metrics = await asyncio.to_thread(_update, learner, batch, temperature, rollout_is_behaviour)
+    state_metrics = learner.algo.after_update({**adv_metrics, **update_metrics}, len(batch))
+    reference.maybe_refresh(learner.ref, learner.policy, alg, step + 1)
+    return {**adv_metrics, **update_metrics, **state_metrics}, time.perf_counter() - t0
+
+
+def _update(learner: Learner, batch: TokenBatch, temperature: float, rollout_is_behaviour: bool) -> dict[str, float]:
+    """One policy update (and, with a critic, its value-loss update) on the batch."""
+    if learner.update_threads:
+        torch.set_num_threads(learner.update_threads)  # this worker thread only (OpenMP thread counts are per thread)
+    metrics = policy_update(
+        learner.policy,
+        learner.ref,
+        batch,
+        learner.cfg.algorithm,
+        learner.cfg.trainer,
+        learner.optimizer,
+        learner.scheduler,
+        temperature,
+        kl_coef=learner.algo.kl.value,
+        guard=learner.algo.guard,
+        rollout_is_behaviour=rollout_is_behaviour,
+    )
+    if learner.critic is not None:
+        metrics.update(learner.critic.update(batch))
+    return metrics

@@ -1,0 +1,1 @@
+"""The split processes `thermik trainer` and `thermik orchestrator` (docs/process_split.md)."""
