@@ -142,8 +142,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
     elif not (args.out / "data" / "rows.jsonl").is_file():
         synthesize("reverse_text", args.train_size, args.out / "data", seed=args.seed)
     names = [*args.algorithms, *([LORA_VARIANT] if args.lora else [])]
-    results = [train(args, name, model) for name in names]
-    print(format_table(results, args))
+    results = []
+    for name in names:  # each row's result is printed and kept in --out/results.jsonl as soon as it finishes
+        results.append(train(args, name, model))
+        with (args.out / "results.jsonl").open("a") as f:
+            f.write(json.dumps({**results[-1].__dict__, "steps": args.steps, "seed": args.seed}) + "\n")
+        print(format_table(results, args), flush=True)
     return results
 
 
