@@ -73,6 +73,27 @@ def test_session_reuse_prefills_only_new_tokens(qwen: PreTrainedModel) -> None:
     )
 
 
+def test_ended_sessions_free_their_slots(qwen: PreTrainedModel) -> None:
+    """Episodes of the next RL step take the slots of ended ones (running rows stay dense); a parked session
+    (episode not ended) keeps its slot."""
+    engine = make_engine(qwen)
+
+    async def episodes(tag: str, end: bool) -> None:
+        async def one(k: int) -> None:
+            await engine.generate(PROMPTS[k % 4] + [40 + k], GREEDY, session_id=f"{tag}{k}")
+            if end:
+                engine.end_session(f"{tag}{k}")
+
+        await asyncio.gather(*(one(k) for k in range(4)))
+
+    asyncio.run(episodes("a", end=True))
+    assert len(engine._slots) == 4
+    asyncio.run(episodes("b", end=False))  # reuses a's four slots, then parks its sessions
+    assert len(engine._slots) == 4
+    asyncio.run(episodes("c", end=True))  # b's sessions still hold theirs
+    assert len(engine._slots) == 8
+
+
 def test_prompt_extending_a_finished_sequence_reuses_its_cache(qwen: PreTrainedModel) -> None:
     engine = make_engine(qwen)
     first = engine.generate_batch([PROMPTS[2]], [GREEDY])[0]

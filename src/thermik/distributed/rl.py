@@ -11,7 +11,6 @@ reward penalty, and an adaptive KL weight (the workers apply algorithm.kl_coef a
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,17 +20,14 @@ from thermik.config.loader import dump_toml
 from thermik.config.schema import RunConfig
 from thermik.data.sampler import PromptSampler
 from thermik.distributed.launch import DistributedRun, start
-from thermik.eval.evaluate import EvalResult
 from thermik.monitor.metrics import MetricsLogger
-from thermik.monitor.plots import plot_run
-from thermik.monitor.progress import StepProgress
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.metrics import rollout_metrics
 from thermik.tools.mcp_pool import close_default_pool, configure_default_pool
 from thermik.training import components
 from thermik.training.algo_state import AlgorithmState
 from thermik.training.batch import collate
-from thermik.training.rl import print_summary
+from thermik.training.loop import run_loop
 from thermik.training.rollout_context import RolloutContext, evaluate_held_out, sample_step
 from thermik.training.shaping import assign_advantages
 
@@ -116,37 +112,20 @@ def _export(run: RayRLRun) -> Path:
 
 async def rl_loop(run: RayRLRun) -> dict[str, Any]:
     """Steps start_step..trainer.steps with evaluation before and after, checkpoints, export and plots."""
-    cfg = run.cfg
-    if run.start_step:
-        await run.dist.sync_weights()  # the engines start from the base weights
-    before = None
-    if cfg.eval.before:
-        before_path = cfg.run_dir / "eval_before.json"
-        if before_path.exists():
-            before = EvalResult(**json.loads(before_path.read_text()))
-        else:
-            before = await evaluate_held_out(run, "before", cfg.run_dir)
-            run.logger.log(0, before.as_metrics())
-    samples_per_step = cfg.trainer.prompts_per_step * cfg.trainer.group_size
-    with StepProgress(cfg.trainer.steps, f"GRPO on Ray {cfg.env.name}", cfg.monitor.progress) as progress:
-        progress.update(run.start_step)
-        for step in range(run.start_step, cfg.trainer.steps):
-            metrics = await rl_step(run, step)
-            metrics["progress/samples"] = float((step + 1) * samples_per_step)
-            if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.trainer.steps:
-                metrics.update((await evaluate_held_out(run, f"step_{step + 1}", cfg.run_dir)).as_metrics())
-            run.logger.log(step + 1, metrics)
-            progress.update(step + 1, {"reward": metrics["reward/mean"], "step_s": metrics["time/step"]})
-            if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
-                _save_checkpoint(run, step + 1)
-    after = await evaluate_held_out(run, "after", cfg.run_dir)
-    run.logger.log(cfg.trainer.steps, after.as_metrics())
-    if not cfg.checkpoint.every or cfg.trainer.steps % cfg.checkpoint.every:
-        _save_checkpoint(run, cfg.trainer.steps)
-    _export(run)
-    plot_run(cfg.run_dir / "metrics.jsonl", cfg.run_dir)
-    print_summary(cfg, before, after)
-    return {"before": None if before is None else before.__dict__, "after": after.__dict__}
+
+    async def push_resumed_weights() -> None:
+        if run.start_step:
+            await run.dist.sync_weights()  # the engines start from the base weights
+
+    return await run_loop(
+        run,
+        lambda step: rl_step(run, step),
+        lambda label: evaluate_held_out(run, label, run.cfg.run_dir),
+        lambda step: _save_checkpoint(run, step),
+        lambda: _export(run),
+        f"GRPO on Ray {run.cfg.env.name}",
+        push_resumed_weights,
+    )
 
 
 async def train(cfg: RunConfig) -> dict[str, Any]:

@@ -115,6 +115,7 @@ class EmbeddedEngine:
         self._model_lock = threading.Lock()  # held for each scheduler iteration and each weight update
         self._cond = threading.Condition()  # guards _pending and _closed
         self._pending: list[_Request] = []
+        self._ended_sessions: set[str] = set()
         self._closed = False
         self._thread: threading.Thread | None = None
         # Counters for tests and benchmarks.
@@ -141,6 +142,13 @@ class EmbeddedEngine:
             raise ValueError(f"got {len(prompts)} prompts but {len(samplings)} sampling params")
         futures = self._submit([(p, s, None) for p, s in zip(prompts, samplings, strict=True)])
         return [f.result() for f in futures]
+
+    def end_session(self, session_id: str) -> None:
+        """The episode is over: its slot becomes free for new requests (its cached tokens stay reusable as a
+        prefix). Without this, parked sessions hold their slots until evicted, and running rows spread over many
+        slots (slower, sparse decode steps)."""
+        with self._cond:
+            self._ended_sessions.add(session_id)
 
     async def update_weights(self, source: WeightSource) -> int:
         """Copy new weights in place between two decode steps. Returns the new version."""
@@ -271,7 +279,15 @@ class EmbeddedEngine:
         parked = [i for i, s in enumerate(self._slots) if s.request is None and i not in taken]
         return min(parked, key=lambda i: self._slots[i].last_used) if parked else None
 
+    def _release_ended_sessions(self) -> None:
+        with self._cond:
+            ended, self._ended_sessions = self._ended_sessions, set()
+        for slot in self._slots:
+            if slot.session_id in ended and slot.request is None:
+                slot.session_id = None
+
     def _admit(self) -> None:
+        self._release_ended_sessions()
         requests = self._take_pending()
         if not requests:
             return

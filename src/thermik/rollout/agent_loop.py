@@ -68,53 +68,56 @@ async def run_episode(
     session_id = uuid.uuid4().hex  # the engine keeps this episode's cache between turns
     traj.stop_reason = "max_turns"
     overlong = False
-    for turn in range(limits.max_turns):
-        room = limits.max_sequence_length - len(prompt_ids) - len(traj.response_ids)
-        max_tokens = min(limits.max_generate_length, room)
-        if max_tokens <= 0:
-            traj.stop_reason, overlong = "length", True
-            break
-        params = sampling_params(sampling, max_tokens, chat.stop_ids, None if seed is None else seed + 7919 * turn)
-        t0 = time.perf_counter()
-        gen = await engine.generate(prompt_ids + traj.response_ids, params, session_id)
-        traj.timings["llm"] += time.perf_counter() - t0
-        start = len(traj.response_ids)
-        turns.append(list(gen.token_ids))
-        traj.response_ids += gen.token_ids
-        traj.loss_mask += [1] * len(gen.token_ids)
-        traj.rollout_logprobs += gen.logprobs
-        traj.weight_versions += gen.weight_versions or [gen.weight_version] * len(gen.token_ids)
-        traj.rewards += [0.0] * len(gen.token_ids)
-        traj.num_turns = turn + 1
-        text = chat.decode(gen.token_ids)
-        traj.messages.append({"role": "assistant", "content": text})
-        if gen.stop_reason != "stop":
-            traj.stop_reason, overlong = gen.stop_reason, max_tokens < limits.max_generate_length
-            traj.turn_spans.append((start, len(traj.response_ids), len(traj.response_ids)))
-            break
-        t0 = time.perf_counter()
-        out = await env.astep(text)
-        traj.timings["env"] += time.perf_counter() - t0
-        if traj.rewards:
-            traj.rewards[-1] += float(out.reward)
-        for key in ("tool_calls", "tool_failures"):
-            traj.env_metrics[key] = traj.env_metrics.get(key, 0.0) + float(out.metadata.get(key, 0))
-        end_sampled = len(traj.response_ids)
-        if out.done:
-            traj.stop_reason = "stop"
-            traj.turn_spans.append((start, end_sampled, end_sampled))
-            break
-        obs_ids = chat.encode_observations(out.observations)
-        traj.messages += out.observations
-        traj.response_ids += obs_ids
-        traj.loss_mask += [0] * len(obs_ids)
-        traj.rollout_logprobs += [0.0] * len(obs_ids)
-        traj.weight_versions += [-1] * len(obs_ids)
-        traj.rewards += [0.0] * len(obs_ids)
-        traj.turn_spans.append((start, end_sampled, len(traj.response_ids)))
-        if len(prompt_ids) + len(traj.response_ids) >= limits.max_sequence_length:
-            traj.stop_reason, overlong = "length", True
-            break
+    try:
+        for turn in range(limits.max_turns):
+            room = limits.max_sequence_length - len(prompt_ids) - len(traj.response_ids)
+            max_tokens = min(limits.max_generate_length, room)
+            if max_tokens <= 0:
+                traj.stop_reason, overlong = "length", True
+                break
+            params = sampling_params(sampling, max_tokens, chat.stop_ids, None if seed is None else seed + 7919 * turn)
+            t0 = time.perf_counter()
+            gen = await engine.generate(prompt_ids + traj.response_ids, params, session_id)
+            traj.timings["llm"] += time.perf_counter() - t0
+            start = len(traj.response_ids)
+            turns.append(list(gen.token_ids))
+            traj.response_ids += gen.token_ids
+            traj.loss_mask += [1] * len(gen.token_ids)
+            traj.rollout_logprobs += gen.logprobs
+            traj.weight_versions += gen.weight_versions or [gen.weight_version] * len(gen.token_ids)
+            traj.rewards += [0.0] * len(gen.token_ids)
+            traj.num_turns = turn + 1
+            text = chat.decode(gen.token_ids)
+            traj.messages.append({"role": "assistant", "content": text})
+            if gen.stop_reason != "stop":
+                traj.stop_reason, overlong = gen.stop_reason, max_tokens < limits.max_generate_length
+                traj.turn_spans.append((start, len(traj.response_ids), len(traj.response_ids)))
+                break
+            t0 = time.perf_counter()
+            out = await env.astep(text)
+            traj.timings["env"] += time.perf_counter() - t0
+            if traj.rewards:
+                traj.rewards[-1] += float(out.reward)
+            for key in ("tool_calls", "tool_failures"):
+                traj.env_metrics[key] = traj.env_metrics.get(key, 0.0) + float(out.metadata.get(key, 0))
+            end_sampled = len(traj.response_ids)
+            if out.done:
+                traj.stop_reason = "stop"
+                traj.turn_spans.append((start, end_sampled, end_sampled))
+                break
+            obs_ids = chat.encode_observations(out.observations)
+            traj.messages += out.observations
+            traj.response_ids += obs_ids
+            traj.loss_mask += [0] * len(obs_ids)
+            traj.rollout_logprobs += [0.0] * len(obs_ids)
+            traj.weight_versions += [-1] * len(obs_ids)
+            traj.rewards += [0.0] * len(obs_ids)
+            traj.turn_spans.append((start, end_sampled, len(traj.response_ids)))
+            if len(prompt_ids) + len(traj.response_ids) >= limits.max_sequence_length:
+                traj.stop_reason, overlong = "length", True
+                break
+    finally:
+        _end_session(engine, session_id)
     if overlong:
         traj.loss_mask = [0] * len(traj.loss_mask)
         traj.env_metrics["overlong"] = 1.0
@@ -123,6 +126,13 @@ async def run_episode(
 
 
 EnvFactory = Callable[[dict[str, Any]], Env]
+
+
+def _end_session(engine: InferenceEngine, session_id: str) -> None:
+    """Tell an engine that keeps per-session caches (the embedded one) that the episode is over."""
+    end = getattr(engine, "end_session", None)
+    if end is not None:
+        end(session_id)
 
 
 async def rollout_rows(

@@ -7,7 +7,6 @@ the trainer trains (bounded staleness), and the update takes the rollout logprob
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +17,6 @@ import torch
 from thermik.config.loader import dump_toml
 from thermik.config.schema import InferenceConfig, RunConfig
 from thermik.data.sampler import PromptSampler
-from thermik.eval.evaluate import EvalResult
-from thermik.monitor.plots import plot_run
-from thermik.monitor.progress import StepProgress, print_table
 from thermik.rollout.agent_loop import LoopLimits, rollout_rows
 from thermik.rollout.metrics import rollout_metrics
 from thermik.rollout.trajectory import Trajectory, dump_trajectories
@@ -29,9 +25,10 @@ from thermik.training import components
 from thermik.training.batch import collate
 from thermik.training.group_producer import GroupProducer
 from thermik.training.learner import CRITIC_DIR, Learner, learner_parts, restore, save_checkpoint, train_on_batch
+from thermik.training.loop import run_loop
 from thermik.training.rollout_context import RolloutContext, evaluate_held_out, sample_step
 
-__all__ = ["CRITIC_DIR", "RLRun", "print_summary", "rl_step", "run_rl", "setup", "train"]
+__all__ = ["CRITIC_DIR", "RLRun", "rl_step", "run_rl", "setup", "train"]
 
 
 @dataclass(kw_only=True)
@@ -149,10 +146,6 @@ def _start_producer(run: RLRun) -> GroupProducer:
     return producer
 
 
-async def _evaluate(run: RLRun, label: str) -> EvalResult:
-    return await evaluate_held_out(run, label, run.cfg.run_dir)
-
-
 def _save_checkpoint(run: RLRun, step: int) -> None:
     save_checkpoint(run, step, {"sampler": run.sampler.state_dict()})
 
@@ -165,57 +158,33 @@ def _export(run: RLRun) -> Path:
 
 async def train(cfg: RunConfig) -> dict[str, Any]:
     run = setup(cfg)
-    try:
-        before_path = cfg.run_dir / "eval_before.json"
-        if cfg.eval.before and before_path.exists():
-            before = EvalResult(**json.loads(before_path.read_text()))
-        elif cfg.eval.before:
-            before = await _evaluate(run, "before")
-            run.logger.log(0, before.as_metrics())  # step 0 on the reward plot
-        else:
-            before = None
+
+    async def start() -> None:
         if run.start_step:
             await run.engine.update_weights(components.engine_weights(run.policy))
         if cfg.trainer.max_off_policy_steps > 0:
             run.producer = _start_producer(run)
-        samples_per_step = cfg.trainer.prompts_per_step * cfg.trainer.group_size
-        with StepProgress(cfg.trainer.steps, f"GRPO {cfg.env.name}", cfg.monitor.progress) as progress:
-            progress.update(run.start_step)
-            for step in range(run.start_step, cfg.trainer.steps):
-                metrics = await rl_step(run, step)
-                metrics["progress/samples"] = float((step + 1) * samples_per_step)
-                if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.trainer.steps:
-                    metrics.update((await _evaluate(run, f"step_{step + 1}")).as_metrics())
-                run.logger.log(step + 1, metrics)
-                progress.update(step + 1, {"reward": metrics["reward/mean"], "step_s": metrics["time/step"]})
-                if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
-                    _save_checkpoint(run, step + 1)
+
+    async def stop() -> None:
         if run.producer is not None:
             await run.producer.stop()
-        after = await _evaluate(run, "after")
-        run.logger.log(cfg.trainer.steps, after.as_metrics())
-        if not cfg.checkpoint.every or cfg.trainer.steps % cfg.checkpoint.every:
-            _save_checkpoint(run, cfg.trainer.steps)
-        _export(run)
-        plot_run(cfg.run_dir / "metrics.jsonl", cfg.run_dir)
-        print_summary(cfg, before, after)
-        return {"before": None if before is None else before.__dict__, "after": after.__dict__}
+
+    try:
+        return await run_loop(
+            run,
+            lambda step: rl_step(run, step),
+            lambda label: evaluate_held_out(run, label, cfg.run_dir),
+            lambda step: _save_checkpoint(run, step),
+            lambda: _export(run),
+            f"GRPO {cfg.env.name}",
+            start,
+            stop,
+        )
     finally:
-        if run.producer is not None:
-            await run.producer.stop()
+        await stop()
         run.logger.close()
         await run.engine.close()
         await close_default_pool()
-
-
-def print_summary(cfg: RunConfig, before: EvalResult | None, after: EvalResult) -> None:
-    rows = [
-        [label, f"{r.success:.3f}", f"{r.reward:.3f}", f"{r.turns:.2f}", str(r.n)]
-        for label, r in (("before", before), ("after", after))
-        if r is not None
-    ]
-    title = f"held-out {cfg.env.name} (temperature {cfg.eval.temperature})"
-    print_table(title, ["policy", "success", "mean reward", "mean turns", "n"], rows)
 
 
 def run_rl(cfg: RunConfig) -> dict[str, Any]:
