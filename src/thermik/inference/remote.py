@@ -2,7 +2,9 @@
 
 Each `generate` is one `/v1/completions` request whose prompt is the token ids, asking for the sampled
 token ids back (`return_token_ids`, vLLM's name; thermik's server answers the same) and one logprob per
-token, so nothing is re-tokenized (DESIGN invariant 1). Weight updates write the state dict as safetensors
+token, so nothing is re-tokenized (DESIGN invariant 1). A request carrying a session id sends it as the extra
+field `session_id` to thermik's server (which keeps the episode's cached prefix between turns); other servers do
+not get it unless asked (`send_session_ids`). Weight updates write the state dict as safetensors
 into a directory the server can read and POST its path to `/update_weights` (thermik's server; see
 docs/inference.md for vLLM).
 """
@@ -29,6 +31,7 @@ TOKEN_ID_PREFIX = "token_id:"
 # so it is sent again on a fresh connection; other transport errors (timeouts) are not retried.
 _RETRIED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 ATTEMPTS = 4
+THERMIK_OWNER = "thermik"  # `owned_by` of thermik's /v1/models cards: the server understands `session_id`
 KEEPALIVE_EXPIRY_S = 2.0  # below uvicorn's 5 s keep-alive timeout, so the client drops idle connections first
 
 
@@ -100,8 +103,13 @@ class RemoteEngine:
         stop_token_ids: Sequence[int] = (),
         timeout_s: float = 600.0,
         max_connections: int = 512,
+        send_session_ids: bool | None = None,
     ) -> None:
+        """`send_session_ids`: forward `generate`'s session id as the body field `session_id`; None sends it only
+        when the server is thermik's own (its /v1/models cards are owned by "thermik"), since other servers may
+        refuse or warn about unknown fields."""
         self.base_url = base_url.rstrip("/")
+        self.send_session_ids = send_session_ids
         self.model = model or None
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -167,10 +175,16 @@ class RemoteEngine:
             self.model = str(models[0]["id"])
         return self.model
 
+    async def _sends_session_ids(self) -> bool:
+        if self.send_session_ids is None:
+            cards = (await self._request("GET", "/v1/models")).get("data") or []
+            self.send_session_ids = any(card.get("owned_by") == THERMIK_OWNER for card in cards)
+        return self.send_session_ids
+
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None
     ) -> Generation:
-        """One completion by token ids. session_id is not sent: servers reuse prefixes by their own cache."""
+        """One completion by token ids; `session_id` goes to servers that use it (see `send_session_ids`)."""
         body: dict[str, Any] = {
             "model": await self.model_name(),
             "prompt": list(prompt_ids),
@@ -188,6 +202,8 @@ class RemoteEngine:
             body["seed"] = sampling.seed
         if sampling.stop:
             body["stop"] = list(sampling.stop)
+        if session_id is not None and await self._sends_session_ids():
+            body["session_id"] = session_id
         response = await self._request("POST", "/v1/completions", body)
         return generation_from_choice(response["choices"][0], self._version)
 

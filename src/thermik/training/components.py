@@ -97,12 +97,21 @@ def _remote_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceC
         weights_dir=cfg.weights_dir or None,
         stop_token_ids=chat.stop_ids,
         timeout_s=cfg.timeout_s,
+        send_session_ids={"auto": None, "always": True, "never": False}[cfg.send_session_ids],
     )
+
+
+def _vllm_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig) -> InferenceEngine:
+    """vLLM in this process, started from the policy's current weights (exported to a temporary directory)."""
+    from thermik.inference.vllm_engine import vllm_engine_from_policy
+
+    return vllm_engine_from_policy(lambda out: export_policy(policy, chat, out), chat.stop_ids, cfg)
 
 
 ENGINES: dict[str, Callable[[torch.nn.Module, ChatTokenizer, InferenceConfig], InferenceEngine]] = {
     "embedded": _embedded_engine,
     "remote": _remote_engine,
+    "vllm": _vllm_engine,
 }
 
 
