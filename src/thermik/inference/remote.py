@@ -5,8 +5,9 @@ token ids back (`return_token_ids`, vLLM's name; thermik's server answers the sa
 token, so nothing is re-tokenized (DESIGN invariant 1). A request carrying a session id sends it as the extra
 field `session_id` to thermik's server (which keeps the episode's cached prefix between turns); other servers do
 not get it unless asked (`send_session_ids`). Weight updates write the state dict as safetensors
-into a directory the server can read and POST its path to `/update_weights` (thermik's server; see
-docs/inference.md for vLLM).
+into a directory the server can read and POST its path to `/update_weights` (thermik's server), or, to a vLLM
+server started with VLLM_SERVER_DEV_MODE=1, ask its workers to reload from that directory through
+`/collective_rpc` (`reload_weights`, vLLM 0.32) and reset its prefix cache.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ TOKEN_ID_PREFIX = "token_id:"
 _RETRIED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 ATTEMPTS = 4
 THERMIK_OWNER = "thermik"  # `owned_by` of thermik's /v1/models cards: the server understands `session_id`
+VLLM_OWNER = "vllm"  # `owned_by` of vLLM's cards: weights are reloaded through its dev-mode /collective_rpc
 KEEPALIVE_EXPIRY_S = 2.0  # below uvicorn's 5 s keep-alive timeout, so the client drops idle connections first
 
 
@@ -125,6 +127,7 @@ class RemoteEngine:
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._version = 0
         self._pushed: Path | None = None
+        self._owner: str | None = None
 
     @property
     def weight_version(self) -> int:
@@ -175,10 +178,16 @@ class RemoteEngine:
             self.model = str(models[0]["id"])
         return self.model
 
+    async def server_owner(self) -> str:
+        """`owned_by` of the server's first /v1/models card: which server this is ("thermik", "vllm", ...)."""
+        if self._owner is None:
+            cards = (await self._request("GET", "/v1/models")).get("data") or []
+            self._owner = str(cards[0].get("owned_by", "")) if cards else ""
+        return self._owner
+
     async def _sends_session_ids(self) -> bool:
         if self.send_session_ids is None:
-            cards = (await self._request("GET", "/v1/models")).get("data") or []
-            self.send_session_ids = any(card.get("owned_by") == THERMIK_OWNER for card in cards)
+            self.send_session_ids = await self.server_owner() == THERMIK_OWNER
         return self.send_session_ids
 
     async def generate(
@@ -216,13 +225,31 @@ class RemoteEngine:
             path = await asyncio.to_thread(save_state_dict, source, target)
         else:
             path = Path(source)
-        response = await self._request("POST", "/update_weights", {"path": str(path.resolve())})
-        self._version = int(response.get("weight_version", self._version + 1))
+        if await self.server_owner() == VLLM_OWNER:
+            await self._vllm_reload(path.resolve())
+            self._version += 1
+        else:
+            response = await self._request("POST", "/update_weights", {"path": str(path.resolve())})
+            self._version = int(response.get("weight_version", self._version + 1))
         if isinstance(source, dict):
             if self._pushed is not None and self._pushed != path:
                 shutil.rmtree(self._pushed, ignore_errors=True)  # the server holds the weights now
             self._pushed = path
         return self._version
+
+    async def _vllm_reload(self, path: Path) -> None:
+        """vLLM: every worker reloads the weights in place from `path`, then cached prefixes of the old weights are
+        dropped. Requests running meanwhile continue on the new weights (their tokens get the new version)."""
+        try:
+            await self._request(
+                "POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+            )
+        except ValueError as exc:
+            raise ValueError(
+                f"{exc}. Weight updates on a vLLM server need its dev-mode routes: start it with "
+                "VLLM_SERVER_DEV_MODE=1 (docs/inference.md)"
+            ) from exc
+        await self._request("POST", "/reset_prefix_cache")
 
     async def refresh_version(self) -> int:
         """Read the server's current weight version."""

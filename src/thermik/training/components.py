@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -102,10 +103,22 @@ def _remote_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceC
 
 
 def _vllm_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig) -> InferenceEngine:
-    """vLLM in this process, started from the policy's current weights (exported to a temporary directory)."""
-    from thermik.inference.vllm_engine import vllm_engine_from_policy
+    """vLLM in this process, started from the policy's current weights (exported to a temporary directory that the
+    engine removes on close)."""
+    from thermik.inference.vllm_engine import VLLMEngine, require_vllm
 
-    return vllm_engine_from_policy(lambda out: export_policy(policy, chat, out), chat.stop_ids, cfg)
+    require_vllm()  # fail before exporting the model
+    model_dir = Path(tempfile.mkdtemp(prefix="thermik-vllm-model-"))
+    export_policy(policy, chat, model_dir)
+    return VLLMEngine(
+        model_dir,
+        stop_token_ids=chat.stop_ids,
+        seed=cfg.seed,
+        max_num_seqs=cfg.max_batch_size,
+        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        max_model_len=cfg.vllm_max_model_len,
+        remove_model_dir=True,
+    )
 
 
 ENGINES: dict[str, Callable[[torch.nn.Module, ChatTokenizer, InferenceConfig], InferenceEngine]] = {
