@@ -6,8 +6,8 @@ token, so nothing is re-tokenized (DESIGN invariant 1). A request carrying a ses
 field `session_id` to thermik's server (which keeps the episode's cached prefix between turns); other servers do
 not get it unless asked (`send_session_ids`). Weight updates write the state dict as safetensors
 into a directory the server can read and POST its path to `/update_weights` (thermik's server), or, to a vLLM
-server started with VLLM_SERVER_DEV_MODE=1, ask its workers to reload from that directory through
-`/collective_rpc` (`reload_weights`, vLLM 0.32) and reset its prefix cache.
+server started with VLLM_SERVER_DEV_MODE=1 and thermik's worker extension, ask its workers to reload from that
+directory through `/collective_rpc` (`thermik_reload`, see vllm_worker.py) and reset its prefix cache.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import save_file
 
 from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource
+from thermik.inference.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
 
 _FINISH: dict[str | None, StopReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 TOKEN_ID_PREFIX = "token_id:"
@@ -51,8 +52,9 @@ def _token_id(token: str) -> int:
     return int(token[len(TOKEN_ID_PREFIX) :])
 
 
-def generation_from_choice(choice: dict[str, Any], fallback_version: int) -> Generation:
-    """A Generation from one `/v1/completions` choice holding token ids and per-token logprobs."""
+def generation_from_choice(choice: dict[str, Any], fallback_version: int, top: int | None = None) -> Generation:
+    """A Generation from one `/v1/completions` choice holding token ids and per-token logprobs. With `top` given,
+    top_logprobs keep that many most likely ids per position (None for 0): vLLM's also hold the sampled token."""
     lp = choice.get("logprobs") or {}
     logprobs = [float(x) for x in lp.get("token_logprobs") or []]
     ids = choice.get("token_ids")
@@ -62,8 +64,10 @@ def generation_from_choice(choice: dict[str, Any], fallback_version: int) -> Gen
         raise RemoteError(200, f"the server returned {len(ids)} token ids but {len(logprobs)} logprobs")
     tops = lp.get("top_logprobs")
     top_logprobs = None
-    if tops and any(tops):
+    if tops and any(tops) and top != 0:
         top_logprobs = [{_token_id(t): float(v) for t, v in (d or {}).items()} for d in tops]
+        if top is not None:
+            top_logprobs = [dict(sorted(d.items(), key=lambda kv: -kv[1])[:top]) for d in top_logprobs]
     version = int(choice.get("weight_version", fallback_version))
     return Generation(
         token_ids=[int(t) for t in ids],
@@ -214,7 +218,7 @@ class RemoteEngine:
         if session_id is not None and await self._sends_session_ids():
             body["session_id"] = session_id
         response = await self._request("POST", "/v1/completions", body)
-        return generation_from_choice(response["choices"][0], self._version)
+        return generation_from_choice(response["choices"][0], self._version, sampling.top_logprobs)
 
     async def update_weights(self, source: WeightSource) -> int:
         """Write a state dict under weights_dir (or send a directory as is) and have the server load it."""
@@ -242,12 +246,13 @@ class RemoteEngine:
         dropped. Requests running meanwhile continue on the new weights (their tokens get the new version)."""
         try:
             await self._request(
-                "POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+                "POST", "/collective_rpc", {"method": RELOAD_METHOD, "kwargs": {"weights_path": str(path)}}
             )
-        except ValueError as exc:
+        except (ValueError, RemoteError) as exc:
             raise ValueError(
-                f"{exc}. Weight updates on a vLLM server need its dev-mode routes: start it with "
-                "VLLM_SERVER_DEV_MODE=1 (docs/inference.md)"
+                f"{exc}. Weight updates on a vLLM server need its dev-mode routes and thermik's worker extension: "
+                f"start it with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls {WORKER_EXTENSION}, with thermik "
+                "importable there (e.g. PYTHONPATH=<thermik>/src); see docs/inference.md"
             ) from exc
         await self._request("POST", "/reset_prefix_cache")
 
