@@ -33,11 +33,14 @@ class SamplingConfig(Section):
 
 
 class InferenceConfig(Section):
-    backend: Literal["embedded", "remote"] = Field(
+    backend: Literal["embedded", "remote", "vllm"] = Field(
         "embedded",
-        description="Inference engine: 'embedded' (in-process torch) or 'remote' (an OpenAI-compatible server).",
+        description="Inference engine: 'embedded' (in-process torch), 'remote' (an OpenAI-compatible server) or "
+        "'vllm' (in-process vLLM; needs a CUDA GPU and the 'vllm' extra).",
     )
-    max_batch_size: int = Field(256, ge=1, description="Most sequences decoded together in one batch (embedded).")
+    max_batch_size: int = Field(
+        256, ge=1, description="Most sequences decoded together in one batch (embedded; vllm's max_num_seqs)."
+    )
     seed: int = Field(0, description="Base seed of the engine's sampler.")
     num_threads: int = Field(
         0, ge=0, description="Embedded: torch threads of the engine's decode thread; 0 inherits the process setting."
@@ -52,6 +55,14 @@ class InferenceConfig(Section):
         "safetensors; empty uses a temporary directory (server on the same machine)."
     )  # fmt: skip
     timeout_s: float = Field(600.0, gt=0, description="Remote backend: per-request timeout in seconds.")
+    send_session_ids: Literal["auto", "always", "never"] = Field(
+        "auto", description="Remote backend: send each episode's session id as the body field 'session_id'; 'auto' "
+        "sends it only to thermik's own server (other servers may refuse unknown fields)."
+    )  # fmt: skip
+    vllm_gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1, description="vllm backend: fraction of GPU memory vLLM may take (the trainer needs the rest)."
+    )
+    vllm_max_model_len: int = Field(0, ge=0, description="vllm backend: context length; 0 uses the model's.")
 
 
 class ServerConfig(Section):

@@ -2,9 +2,12 @@
 
 Each `generate` is one `/v1/completions` request whose prompt is the token ids, asking for the sampled
 token ids back (`return_token_ids`, vLLM's name; thermik's server answers the same) and one logprob per
-token, so nothing is re-tokenized (DESIGN invariant 1). Weight updates write the state dict as safetensors
-into a directory the server can read and POST its path to `/update_weights` (thermik's server; see
-docs/inference.md for vLLM).
+token, so nothing is re-tokenized (DESIGN invariant 1). A request carrying a session id sends it as the extra
+field `session_id` to thermik's server (which keeps the episode's cached prefix between turns); other servers do
+not get it unless asked (`send_session_ids`). Weight updates write the state dict as safetensors
+into a directory the server can read and POST its path to `/update_weights` (thermik's server), or, to a vLLM
+server started with VLLM_SERVER_DEV_MODE=1 and thermik's worker extension, ask its workers to reload from that
+directory through `/collective_rpc` (`thermik_reload`, see vllm_worker.py) and reset its prefix cache.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 from safetensors.torch import save_file
 
 from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource
+from thermik.inference.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
 
 _FINISH: dict[str | None, StopReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 TOKEN_ID_PREFIX = "token_id:"
@@ -30,6 +34,8 @@ TOKEN_ID_PREFIX = "token_id:"
 _RETRIED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 ATTEMPTS = 4
 WEIGHTS_FILE = "model.safetensors"
+THERMIK_OWNER = "thermik"  # `owned_by` of thermik's /v1/models cards: the server understands `session_id`
+VLLM_OWNER = "vllm"  # `owned_by` of vLLM's cards: weights are reloaded through its dev-mode /collective_rpc
 KEEPALIVE_EXPIRY_S = 2.0  # below uvicorn's 5 s keep-alive timeout, so the client drops idle connections first
 
 
@@ -47,8 +53,9 @@ def _token_id(token: str) -> int:
     return int(token[len(TOKEN_ID_PREFIX) :])
 
 
-def generation_from_choice(choice: dict[str, Any], fallback_version: int) -> Generation:
-    """A Generation from one `/v1/completions` choice holding token ids and per-token logprobs."""
+def generation_from_choice(choice: dict[str, Any], fallback_version: int, top: int | None = None) -> Generation:
+    """A Generation from one `/v1/completions` choice holding token ids and per-token logprobs. With `top` given,
+    top_logprobs keep that many most likely ids per position (None for 0): vLLM's also hold the sampled token."""
     lp = choice.get("logprobs") or {}
     logprobs = [float(x) for x in lp.get("token_logprobs") or []]
     ids = choice.get("token_ids")
@@ -58,8 +65,10 @@ def generation_from_choice(choice: dict[str, Any], fallback_version: int) -> Gen
         raise RemoteError(200, f"the server returned {len(ids)} token ids but {len(logprobs)} logprobs")
     tops = lp.get("top_logprobs")
     top_logprobs = None
-    if tops and any(tops):
+    if tops and any(tops) and top != 0:
         top_logprobs = [{_token_id(t): float(v) for t, v in (d or {}).items()} for d in tops]
+        if top is not None:
+            top_logprobs = [dict(sorted(d.items(), key=lambda kv: -kv[1])[:top]) for d in top_logprobs]
     version = int(choice.get("weight_version", fallback_version))
     return Generation(
         token_ids=[int(t) for t in ids],
@@ -106,8 +115,13 @@ class RemoteEngine:
         stop_token_ids: Sequence[int] = (),
         timeout_s: float = 600.0,
         max_connections: int = 512,
+        send_session_ids: bool | None = None,
     ) -> None:
+        """`send_session_ids`: forward `generate`'s session id as the body field `session_id`; None sends it only
+        when the server is thermik's own (its /v1/models cards are owned by "thermik"), since other servers may
+        refuse or warn about unknown fields."""
         self.base_url = base_url.rstrip("/")
+        self.send_session_ids = send_session_ids
         self.model = model or None
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -123,6 +137,7 @@ class RemoteEngine:
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._version = 0
         self._pushed: Path | None = None
+        self._owner: str | None = None
 
     @property
     def weight_version(self) -> int:
@@ -173,10 +188,22 @@ class RemoteEngine:
             self.model = str(models[0]["id"])
         return self.model
 
+    async def server_owner(self) -> str:
+        """`owned_by` of the server's first /v1/models card: which server this is ("thermik", "vllm", ...)."""
+        if self._owner is None:
+            cards = (await self._request("GET", "/v1/models")).get("data") or []
+            self._owner = str(cards[0].get("owned_by", "")) if cards else ""
+        return self._owner
+
+    async def _sends_session_ids(self) -> bool:
+        if self.send_session_ids is None:
+            self.send_session_ids = await self.server_owner() == THERMIK_OWNER
+        return self.send_session_ids
+
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None
     ) -> Generation:
-        """One completion by token ids. session_id is not sent: servers reuse prefixes by their own cache."""
+        """One completion by token ids; `session_id` goes to servers that use it (see `send_session_ids`)."""
         body: dict[str, Any] = {
             "model": await self.model_name(),
             "prompt": list(prompt_ids),
@@ -194,8 +221,10 @@ class RemoteEngine:
             body["seed"] = sampling.seed
         if sampling.stop:
             body["stop"] = list(sampling.stop)
+        if session_id is not None and await self._sends_session_ids():
+            body["session_id"] = session_id
         response = await self._request("POST", "/v1/completions", body)
-        return generation_from_choice(response["choices"][0], self._version)
+        return generation_from_choice(response["choices"][0], self._version, sampling.top_logprobs)
 
     async def update_weights(self, source: WeightSource) -> int:
         """Write a state dict under weights_dir (or send a directory as is) and have the server load it."""
@@ -206,13 +235,32 @@ class RemoteEngine:
             path = await asyncio.to_thread(save_state_dict, source, target)
         else:
             path = Path(source)
-        response = await self._request("POST", "/update_weights", {"path": str(path.resolve())})
-        self._version = int(response.get("weight_version", self._version + 1))
+        if await self.server_owner() == VLLM_OWNER:
+            await self._vllm_reload(path.resolve())
+            self._version += 1
+        else:
+            response = await self._request("POST", "/update_weights", {"path": str(path.resolve())})
+            self._version = int(response.get("weight_version", self._version + 1))
         if isinstance(source, dict):
             if self._pushed is not None and self._pushed != path:
                 shutil.rmtree(self._pushed, ignore_errors=True)  # the server holds the weights now
             self._pushed = path
         return self._version
+
+    async def _vllm_reload(self, path: Path) -> None:
+        """vLLM: every worker reloads the weights in place from `path`, then cached prefixes of the old weights are
+        dropped. Requests running meanwhile continue on the new weights (their tokens get the new version)."""
+        try:
+            await self._request(
+                "POST", "/collective_rpc", {"method": RELOAD_METHOD, "kwargs": {"weights_path": str(path)}}
+            )
+        except (ValueError, RemoteError) as exc:
+            raise ValueError(
+                f"{exc}. Weight updates on a vLLM server need its dev-mode routes and thermik's worker extension: "
+                f"start it with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls {WORKER_EXTENSION}, with thermik "
+                "importable there (e.g. PYTHONPATH=<thermik>/src); see docs/inference.md"
+            ) from exc
+        await self._request("POST", "/reset_prefix_cache")
 
     async def refresh_version(self) -> int:
         """Read the server's current weight version."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -97,12 +98,34 @@ def _remote_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceC
         weights_dir=cfg.weights_dir or None,
         stop_token_ids=chat.stop_ids,
         timeout_s=cfg.timeout_s,
+        send_session_ids={"auto": None, "always": True, "never": False}[cfg.send_session_ids],
+    )
+
+
+def _vllm_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig) -> InferenceEngine:
+    """vLLM in this process, started from the policy's current weights (exported to a temporary directory that the
+    engine removes on close)."""
+    from thermik.inference.vllm_engine import VLLMEngine, require_vllm
+
+    require_vllm()  # fail before exporting the model
+    model_dir = Path(tempfile.mkdtemp(prefix="thermik-vllm-model-"))
+    export_policy(policy, chat, model_dir)
+    return VLLMEngine(
+        model_dir,
+        stop_token_ids=chat.stop_ids,
+        seed=cfg.seed,
+        max_num_seqs=cfg.max_batch_size,
+        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        max_model_len=cfg.vllm_max_model_len,
+        dtype=str(next(policy.parameters()).dtype).removeprefix("torch."),  # vLLM's "auto" is bfloat16 on CPU
+        remove_model_dir=True,
     )
 
 
 ENGINES: dict[str, Callable[[torch.nn.Module, ChatTokenizer, InferenceConfig], InferenceEngine]] = {
     "embedded": _embedded_engine,
     "remote": _remote_engine,
+    "vllm": _vllm_engine,
 }
 
 

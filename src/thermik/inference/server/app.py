@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from thermik.inference.base import InferenceEngine, SamplingParams
+from thermik.inference.remote import THERMIK_OWNER
 from thermik.inference.server import outputs, streaming
 from thermik.inference.server.chat_render import render_chat
 from thermik.inference.server.errors import ApiError, error_body
@@ -76,6 +77,8 @@ class OpenAIServer:
         for prompt in prompts:
             if not prompt:
                 raise ApiError(400, "the prompt is empty: send at least one token", prompt_param)
+        if body.session_id is not None and (len(prompts) > 1 or body.n > 1):
+            raise ApiError(400, "session_id continues one episode: send a single prompt with n=1", "session_id")
         limits = [self._max_tokens(p, requested, param, prompt_param) for p in prompts]
         stops = body.stop_strings()
         calls = []
@@ -92,7 +95,7 @@ class OpenAIServer:
                     seed=None if body.seed is None else (body.seed + i) % SEED_MOD,
                     top_logprobs=top,
                 )
-                calls.append(self.engine.generate(prompt, sampling))
+                calls.append(self.engine.generate(prompt, sampling, body.session_id))
         try:
             gens = await asyncio.gather(*calls)
         except ValueError as exc:  # the engine refuses input it cannot serve
@@ -243,7 +246,7 @@ class OpenAIServer:
         return {"weight_version": self.engine.weight_version}
 
     async def models(self) -> dict[str, Any]:
-        card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "thermik",
+        card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": THERMIK_OWNER,
                 "max_model_len": self.max_model_len}  # fmt: skip
         return {"object": "list", "data": [card]}
 

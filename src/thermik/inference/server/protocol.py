@@ -2,7 +2,8 @@
 
 Unknown fields are rejected (400), as the OpenAI API does, so a typo never passes silently. OpenAI fields
 thermik does not implement are accepted only at their no-op value. Extensions follow vLLM's names:
-`top_k`, `min_p`, `stop_token_ids`, `return_token_ids`, `return_tokens_as_token_ids`.
+`top_k`, `min_p`, `stop_token_ids`, `return_token_ids`, `return_tokens_as_token_ids`; thermik's own extension is
+the optional `session_id` (a multi-turn episode's id, so the engine keeps its cached prefix between turns).
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ class _Sampling(_Body):
     user: str | None = None
     return_token_ids: bool = Field(False, description="vLLM extension: token ids of prompt and completion.")
     return_tokens_as_token_ids: bool = Field(False, description="vLLM extension: logprob tokens as 'token_id:N'.")
+    session_id: str | None = Field(
+        None, min_length=1, max_length=256,
+        description="thermik extension: the episode this request continues; the engine keeps the session's cached "
+        "prefix for its next turn. Needs a single prompt and n=1.",
+    )  # fmt: skip
 
     @field_validator("stop")
     @classmethod
