@@ -196,7 +196,12 @@ def test_random_model_batch_keeps_invariants(chat: ChatTokenizer) -> None:
 
     async def go():
         try:
-            return await rollout_rows(engine, calc_env, chat, rows, 2, lim, SamplingConfig(temperature=1.0), seed=5)
+            first = await rollout_rows(engine, calc_env, chat, rows, 2, lim, SamplingConfig(temperature=1.0), seed=5)
+            slots = len(engine._slots)
+            await rollout_rows(engine, calc_env, chat, rows, 2, lim, SamplingConfig(temperature=1.0), seed=6)
+            # every episode ended its session: the second batch took the first batch's slots
+            assert len(engine._slots) == slots <= 6
+            return first
         finally:
             await engine.close()
             await close_default_pool()
