@@ -20,9 +20,11 @@ from thermik.config.loader import dump_toml
 from thermik.config.schema import RunConfig
 from thermik.data.sampler import PromptSampler
 from thermik.distributed.launch import DistributedRun, start
+from thermik.models.loading import load_tokenizer
 from thermik.monitor.metrics import MetricsLogger
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.metrics import rollout_metrics
+from thermik.rollout.tokenization import ChatTokenizer
 from thermik.tools.mcp_pool import close_default_pool, configure_default_pool
 from thermik.training import components
 from thermik.training.algo_state import AlgorithmState
@@ -47,7 +49,7 @@ def setup(cfg: RunConfig, dist: DistributedRun) -> RayRLRun:
     (cfg.run_dir / "config.toml").write_text(dump_toml(cfg))
     configure_default_pool(log_dir=cfg.run_dir / "logs")
     train_rows, held_out = components.load_datasets(cfg.data, cfg.env.name)
-    _, chat = components.load_policy(cfg.model)  # the tokenizer and chat template; the policy lives on the workers
+    chat = ChatTokenizer(load_tokenizer(cfg.model.path))  # the policy itself lives on the trainer workers
     run = RayRLRun(
         cfg=cfg,
         dist=dist,
@@ -103,10 +105,10 @@ def _save_checkpoint(run: RayRLRun, step: int) -> None:
 
 def _export(run: RayRLRun) -> Path:
     """The trained policy in HF format (with tokenizer and chat template) at <run_dir>/export."""
-    policy, chat = components.load_policy(run.cfg.model)
+    policy, _ = components.load_policy(run.cfg.model)
     policy.load_state_dict(run.dist.trainer.state_dict())
     out = run.cfg.run_dir / "export"
-    components.export_policy(policy, chat, out)
+    components.export_policy(policy, run.chat, out)
     return out
 
 

@@ -85,8 +85,8 @@ def token_logprobs_shared(
     plan = plan_prefixes(input_ids, attention_mask, prompt_lens)
     if plan is None:
         return None
-    prompt_hidden, response_hidden, response_ids = _forward(_causal_lm(model), input_ids, plan)
     lm = _causal_lm(model)
+    prompt_hidden, response_hidden, response_ids = _forward(lm, input_ids, plan)
     last = prompt_hidden[torch.arange(plan.num_groups), plan.prompt_lens - 1]  # predicts each response's 1st token
     hidden = torch.cat([last[plan.group_of_row, None], response_hidden[:, :-1]], dim=1)  # [B, S, H]
     logits = lm.lm_head(lm.model.norm(hidden)).float()
