@@ -78,7 +78,8 @@ def rl_argv(args: argparse.Namespace, name: str, model: Path) -> list[str]:
     argv += ["--eval.before=false", "--monitor.progress=false", f"--checkpoint.every={args.checkpoint_every}"]
     argv.append(f"--data.train_path={args.out / 'data' / 'rows.jsonl'}")
     if name == LORA_VARIANT:
-        argv += ["--lora.enabled=true", f"--lora.rank={args.lora_rank}", f"--trainer.optimizer.lr={args.lora_lr}"]
+        argv += ["--lora.enabled=true", f"--lora.rank={args.lora_rank}", f"--lora.alpha={args.lora_alpha}"]
+        argv.append(f"--trainer.optimizer.lr={args.lora_lr}")
     else:
         argv += [f"--algorithm.{k}={v}" for k, v in VARIANTS[name].items()]
     return argv
@@ -117,9 +118,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=32, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="samples per prompt")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--algorithms", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="NAME")
+    p.add_argument("--algorithms", nargs="*", default=list(VARIANTS), choices=list(VARIANTS), metavar="NAME")
     p.add_argument("--lora", action="store_true", help=f"add a row '{LORA_VARIANT}': GRPO training LoRA adapters")
     p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA alpha (the update is scaled by alpha / rank)")
     p.add_argument("--lora-lr", type=float, default=5e-3, help="learning rate of the LoRA row")
     p.add_argument("--sft-model", type=Path, help="start from this model directory instead of a new SFT warm-up")
     p.add_argument("--sft-steps", type=int, help="cap on SFT warm-up steps (default: sft.toml's early stop)")

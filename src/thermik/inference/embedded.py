@@ -15,10 +15,12 @@ warning; see `embedded_engine`.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -28,10 +30,19 @@ from transformers import PreTrainedModel
 from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource, check_request
 from thermik.inference.hf_engine import HFEngine
 from thermik.inference.native_model import NativeCausalLM, unsupported_reason
+from thermik.inference.openmp import release_thread_pool
 from thermik.inference.sampling import process_logits, sample, token_logprobs
 from thermik.inference.weights import check_state, copy_state, load_state
 
 Detokenize = Callable[[list[int]], str]
+_LIVE_ENGINES: weakref.WeakSet[EmbeddedEngine] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_engines_at_exit() -> None:
+    """Let scheduler threads finish their step before the interpreter (and torch's OpenMP runtime) shuts down."""
+    for engine in list(_LIVE_ENGINES):
+        engine._stop_thread(timeout_s=5.0)
 
 
 @dataclass
@@ -134,6 +145,7 @@ class EmbeddedEngine:
     ) -> Generation:
         """Queue one request. `session_id` keeps its cache slot for the session's next turn (multi-turn episodes)."""
         future = self._submit([(prompt_ids, sampling, session_id)])[0]
+        release_thread_pool()  # this thread waits now: its OpenMP workers would slow the scheduler's (openmp.py)
         return await asyncio.wrap_future(future)
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], samplings: Sequence[SamplingParams]) -> list[Generation]:
@@ -141,6 +153,7 @@ class EmbeddedEngine:
         if len(prompts) != len(samplings):
             raise ValueError(f"got {len(prompts)} prompts but {len(samplings)} sampling params")
         futures = self._submit([(p, s, None) for p, s in zip(prompts, samplings, strict=True)])
+        release_thread_pool()
         return [f.result() for f in futures]
 
     def end_session(self, session_id: str) -> None:
@@ -167,12 +180,15 @@ class EmbeddedEngine:
 
     async def close(self) -> None:
         """Stop serving: running and queued requests end with stop_reason "abort"; new ones are refused."""
+        await asyncio.to_thread(self._stop_thread)
+        self._abort_all()
+
+    def _stop_thread(self, timeout_s: float | None = None) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
-        self._abort_all()
+            self._thread.join(timeout_s)
 
     # ------------------------------------------------------------------ requests
 
@@ -198,6 +214,7 @@ class EmbeddedEngine:
             self._pending.extend(requests)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name="thermik-embedded-engine", daemon=True)
+                _LIVE_ENGINES.add(self)
                 self._thread.start()
             self._cond.notify_all()
         return [r.future for r in requests]
@@ -225,6 +242,10 @@ class EmbeddedEngine:
         if self.num_threads:
             torch.set_num_threads(self.num_threads)  # OpenMP thread count is per calling thread
         while True:
+            with self._cond:
+                idle = not self._closed and not self._pending and not self._running()
+            if idle:  # the callers get the CPU back without this thread's OpenMP workers in the way (openmp.py)
+                release_thread_pool()
             with self._cond:
                 while not self._closed and not self._pending and not self._running():
                     self._cond.wait()
@@ -384,14 +405,13 @@ class EmbeddedEngine:
     def _sample_and_record(self, indices: list[int], logits: torch.Tensor) -> None:
         requests = [self._slots[i].request for i in indices]
         params = [r.sampling for r in requests]
-        temperature = torch.tensor([p.temperature for p in params])
-        filtered = process_logits(
-            logits,
-            temperature,
-            torch.tensor([p.top_k for p in params]),
-            torch.tensor([p.top_p for p in params]),
-            torch.tensor([p.min_p for p in params]),
-        )
+        knobs = {(p.temperature, p.top_k, p.top_p, p.min_p) for p in params}
+        if len(knobs) == 1:  # one setting for all rows (the usual decode batch): plain numbers, no per-row tensors
+            temperature, top_k, top_p, min_p = knobs.pop()
+        else:
+            temperature = torch.tensor([p.temperature for p in params])
+            top_k, top_p, min_p = (torch.tensor([getattr(p, k) for p in params]) for k in ("top_k", "top_p", "min_p"))
+        filtered = process_logits(logits, temperature, top_k, top_p, min_p)
         ids = sample(filtered, self._generator, [r.generator for r in requests])
         logp = token_logprobs(logits, ids, temperature).tolist()
         top = self._top_logprobs(logits, temperature, params)
@@ -411,12 +431,13 @@ class EmbeddedEngine:
                 slot.request = None
 
     def _top_logprobs(
-        self, logits: torch.Tensor, temperature: torch.Tensor, params: list[SamplingParams]
+        self, logits: torch.Tensor, temperature: float | torch.Tensor, params: list[SamplingParams]
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         k = max(p.top_logprobs for p in params)
         if k == 0:
             return None
-        temp = torch.where(temperature == 0, torch.ones_like(temperature), temperature)
+        temp = torch.as_tensor(temperature, dtype=torch.float32).expand(logits.shape[0])
+        temp = torch.where(temp == 0, torch.ones_like(temp), temp)
         return (logits / temp[:, None]).log_softmax(-1).topk(min(k, logits.shape[-1]), dim=-1)
 
     def _stop_reason(self, req: _Request, token: int) -> StopReason | None:

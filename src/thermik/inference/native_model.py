@@ -5,6 +5,8 @@ objects, module hooks). This module runs the same arithmetic with a handful of f
 reading the weights of the HF model itself: the q/k/v and gate/up parameters are re-pointed to views of fused
 tensors, so a weight update copied into the model is seen here at once, with no re-fusing. Attention reads a
 `SlotKVCache`: row r of the batch is cache slot `slots[r]`; its query tokens sit at positions `starts[r] + t`.
+On a float32 CPU model a decode step (one token per row) runs the elementwise work of each layer in the fused
+C kernels of `cpu_kernels` (3 calls instead of ~15 ops); the matrix products stay in PyTorch either way.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from thermik.inference import cpu_kernels
 from thermik.inference.kv_cache import SlotKVCache
 
 SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
@@ -121,7 +124,9 @@ class NativeCausalLM:
         positions = torch.arange(self.max_positions, device=device)[None]
         probe = torch.zeros(1, dtype=self.lm_head_t.dtype, device=device)
         cos, sin = inner.rotary_emb(probe, positions)
-        self._cos, self._sin = cos[0], sin[0]  # [max_positions, head_dim]
+        self._cos, self._sin = cos[0].contiguous(), sin[0].contiguous()  # [max_positions, head_dim]
+        fused = device.type == "cpu" and probe.dtype == torch.float32 and self.head_dim <= cpu_kernels.MAX_HEAD_DIM
+        self.kernels = cpu_kernels.load() if fused else None
 
     def new_cache(self, num_slots: int, max_len: int) -> SlotKVCache:
         weight = self.lm_head_t
@@ -139,6 +144,8 @@ class NativeCausalLM:
         Key/value positions past a row's last query are masked out, so stale cache content there is harmless.
         """
         batch, width = tokens.shape
+        if width == 1 and self.kernels is not None:
+            return self._decode(tokens[:, 0], slots, starts, cache)
         device = tokens.device
         positions = starts[:, None] + torch.arange(width, device=device)[None]  # [B, T]
         span = int(positions.max()) + 1
@@ -168,3 +175,46 @@ class NativeCausalLM:
             x = x + _project(F.silu(gate) * up, layer.down_t)
         x = x[torch.arange(batch, device=device), last]
         return _project(_rms_norm(x, self.final_norm), self.lm_head_t, self.lm_head_b).float()
+
+    def _decode(self, tokens: Tensor, slots: Tensor | slice, positions: Tensor, cache: SlotKVCache) -> Tensor:
+        """`forward` for one token per row (tokens [B]) with the fused CPU kernels; returns logits [B, V]."""
+        kernels = self.kernels
+        assert kernels is not None
+        batch = tokens.shape[0]
+        span = int(positions.max()) + 1
+        if span > self.max_positions:
+            raise ValueError(f"position {span - 1} exceeds the model's max_position_embeddings {self.max_positions}")
+        positions = positions.contiguous()
+        slot_ids = torch.arange(slots.start or 0, slots.stop) if isinstance(slots, slice) else slots.contiguous()
+        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        group = nh // nkv
+        hidden = torch.arange(span)[None] > positions[:, None]  # [B, L]: keys after the row's own token
+        mask = torch.zeros(batch, span).masked_fill_(hidden, float("-inf"))
+        mask = mask[:, None, None].expand(batch, nkv, group, span).reshape(batch * nkv, group, span)
+        x = F.embedding(tokens, self.embed.weight)
+        for i, layer in enumerate(self.layers):
+            norm = layer.in_norm
+            h = kernels.rms_norm(x, norm.weight, norm.variance_epsilon)
+            qkv = h @ layer.qkv_t if layer.qkv_b is None else torch.addmm(layer.qkv_b, h, layer.qkv_t)
+            qk_norm = (
+                (None, None, 0.0)
+                if layer.q_norm is None
+                else (layer.q_norm.weight, layer.k_norm.weight, layer.q_norm.variance_epsilon)
+            )
+            k_buf, v_buf = cache.keys[i], cache.values[i]
+            q = kernels.rope_store(
+                qkv, (nh, nkv, hd), (self._cos, self._sin), positions, slot_ids, qk_norm, (k_buf, v_buf), hd**-0.5
+            )
+            keys, values = k_buf[slots, :, :span], v_buf[slots, :, :span]  # views for a slice, gathered for ids
+            scores = torch.baddbmm(mask, q.view(batch * nkv, group, hd), keys.flatten(0, 1).transpose(1, 2))
+            attn = (scores.softmax(-1) @ values.flatten(0, 1)).view(batch, nh * hd)
+            x = torch.addmm(x, attn, layer.o_t)
+            if layer.o_b is not None:
+                x += layer.o_b
+            norm = layer.post_norm
+            h = kernels.rms_norm(x, norm.weight, norm.variance_epsilon)
+            gate, up = (h @ layer.gate_up_t).chunk(2, dim=-1)
+            x = torch.addmm(x, F.silu(gate).mul_(up), layer.down_t)
+        h = kernels.rms_norm(x, self.final_norm.weight, self.final_norm.variance_epsilon)
+        logits = h @ self.lm_head_t if self.lm_head_b is None else torch.addmm(self.lm_head_b, h, self.lm_head_t)
+        return logits.float()

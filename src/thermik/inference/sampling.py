@@ -28,15 +28,29 @@ def _column(value: RowParam, batch: int, dtype: torch.dtype, device: torch.devic
     return t.unsqueeze(-1)
 
 
-def _validate(temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> None:
-    if (temperature < 0).any():
+def _any(condition: torch.Tensor | bool) -> bool:
+    return bool(condition.any()) if isinstance(condition, torch.Tensor) else bool(condition)
+
+
+def _validate(temperature: RowParam, top_k: RowParam, top_p: RowParam, min_p: RowParam) -> None:
+    """Per-row tensors or plain numbers."""
+    if _any(temperature < 0):
         raise ValueError("temperature must be >= 0")
-    if (top_k < 0).any():
+    if _any(top_k < 0):
         raise ValueError("top_k must be >= 0 (0 disables it)")
-    if ((top_p <= 0) | (top_p > 1)).any():
+    if _any(top_p <= 0) or _any(top_p > 1):
         raise ValueError("top_p must be in (0, 1]")
-    if ((min_p < 0) | (min_p > 1)).any():
+    if _any(min_p < 0) or _any(min_p > 1):
         raise ValueError("min_p must be in [0, 1]")
+
+
+def _plain_temperature(temperature: RowParam, top_k: RowParam, top_p: RowParam, min_p: RowParam, vocab: int) -> bool:
+    """True when every row shares one temperature > 0 and no filter is on (checked without building tensors)."""
+    knobs = (temperature, top_k, top_p, min_p)
+    if not all(isinstance(v, int | float) for v in knobs):
+        return False
+    _validate(*knobs)
+    return temperature > 0 and (top_k == 0 or top_k >= vocab) and top_p == 1 and min_p == 0
 
 
 def process_logits(
@@ -53,6 +67,8 @@ def process_logits(
     if logits.ndim != 2:
         raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
     batch, vocab = logits.shape
+    if _plain_temperature(temperature, top_k, top_p, min_p, vocab):  # the common case: one scale, no filter
+        return logits.float() / float(temperature)
     dev = logits.device
     temp = _column(temperature, batch, torch.float32, dev)
     k = _column(top_k, batch, torch.long, dev)

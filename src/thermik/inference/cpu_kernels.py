@@ -1,0 +1,139 @@
+"""Fused float32 CPU kernels for the embedded engine's decode step (kernels/decode.c), compiled on first use.
+
+A decode step of a small model on CPU spends more time dispatching ~20 small PyTorch ops per layer than in
+its matrix products. `kernels/decode.c` does the elementwise work of a layer (RMSNorm, RoPE + KV-cache
+store) in three serial C calls, the way vLLM's CPU backend ships its own kernels. It is built
+with the system C compiler (`cc -O3 -march=native`, about a second) into ~/.cache/thermik/kernels, keyed
+by the source and this machine's CPU, and loaded with ctypes (no PyTorch headers: nothing slow to build).
+
+`load()` returns None, after one warning, when no compiler is found or the build fails; the engine then uses
+its pure-PyTorch path. THERMIK_CPU_KERNELS=0 turns the kernels off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import warnings
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).with_name("kernels") / "decode.c"
+MAX_HEAD_DIM = 1024  # rope_head's stack buffer in decode.c
+# Not -ffast-math: a library linked with it turns on flush-to-zero for the whole process (denormals read as 0).
+# Reassociation alone lets the sums vectorize.
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros")
+FLAGS += ("-fPIC", "-shared")
+_F, _I, _P = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
+
+
+def _cpu_signature() -> str:
+    """The CPU model and flags: a library built with -march=native must not be loaded on another CPU."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    keep = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(keep)))
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "thermik" / "kernels"
+
+
+def _build(source: Path, library: Path) -> None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc/gcc) on PATH")
+    library.parent.mkdir(parents=True, exist_ok=True)
+    partial = library.with_name(f"{library.name}.{os.getpid()}.tmp")
+    result = subprocess.run([compiler, *FLAGS, str(source), "-o", str(partial), "-lm"], capture_output=True, text=True)
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:500]}")
+    partial.replace(library)  # atomic: a concurrent process sees the whole library or none
+
+
+class DecodeKernels:
+    """ctypes bindings of kernels/decode.c; every tensor argument must be contiguous float32 (int64) on CPU."""
+
+    def __init__(self, library: Path) -> None:
+        lib = ctypes.CDLL(str(library))
+        lib.thermik_rms_norm.argtypes = [_P, _P, _P, _I, _I, _F]
+        lib.thermik_rope_store.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _F, _P, _P, _I, _P, _F]
+        for fn in (lib.thermik_rms_norm, lib.thermik_rope_store):
+            fn.restype = None
+        self._lib = lib
+
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        """RMSNorm over the last dim of a contiguous [rows, dim] tensor."""
+        out = torch.empty_like(x)
+        self._lib.thermik_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
+        return out
+
+    def rope_store(
+        self,
+        qkv: Tensor,
+        shape: tuple[int, int, int],
+        tables: tuple[Tensor, Tensor],
+        positions: Tensor,
+        slots: Tensor,
+        norms: tuple[Tensor | None, Tensor | None, float],
+        cache: tuple[Tensor, Tensor],
+        q_scale: float,
+    ) -> Tensor:
+        """RoPE (after Qwen3's optional q/k norms) on qkv [B, (H + 2 KV) * D]; keys and values go to the layer's
+        caches at (slots[b], :, positions[b]); returns the queries [B, H, D], scaled by q_scale."""
+        heads, kv_heads, dim = shape
+        (cos, sin), (q_norm, k_norm, eps), (keys, values) = tables, norms, cache
+        q = torch.empty(qkv.shape[0], heads, dim, dtype=qkv.dtype)
+        self._lib.thermik_rope_store(
+            qkv.data_ptr(),
+            qkv.shape[0],
+            heads,
+            kv_heads,
+            dim,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            positions.data_ptr(),
+            slots.data_ptr(),
+            None if q_norm is None else q_norm.data_ptr(),
+            None if k_norm is None else k_norm.data_ptr(),
+            eps,
+            keys.data_ptr(),
+            values.data_ptr(),
+            keys.shape[2],
+            q.data_ptr(),
+            q_scale,
+        )
+        return q
+
+
+@cache
+def load() -> DecodeKernels | None:
+    """The compiled kernels, or None (warned once) where they cannot be built or are turned off."""
+    if os.environ.get("THERMIK_CPU_KERNELS", "1") == "0":
+        return None
+    source = SOURCE.read_bytes()
+    build = " ".join((*FLAGS, _cpu_signature(), platform.machine())).encode()
+    key = hashlib.sha256(source + build).hexdigest()[:16]
+    library = _cache_dir() / f"decode-{key}.so"
+    try:
+        if not library.is_file():
+            _build(SOURCE, library)
+        return DecodeKernels(library)
+    except (OSError, RuntimeError) as exc:
+        warnings.warn(
+            f"thermik CPU decode kernels unavailable ({exc}); the embedded engine uses its PyTorch path "
+            "(slower decode). Install a C compiler (gcc) to enable them.",
+            stacklevel=2,
+        )
+        return None

@@ -1,0 +1,44 @@
+"""Hand the CPU between two threads that both run PyTorch: release the calling thread's OpenMP worker pool.
+
+Each thread that runs a parallel PyTorch op owns an OpenMP team whose workers stay alive between ops. With
+two such threads (the training loop and the embedded engine's scheduler), libgomp counts more managed
+threads than CPUs and throttles spin-waiting for everyone: every op then wakes its workers through a futex,
+and a small model's decode step or forward runs ~1.7x slower (measured on 2 cores, docs/inference.md) even
+while the other thread sleeps. A thread about to wait for the other one calls `release_thread_pool()`
+(OpenMP 5.0 `omp_pause_resource_all`, which frees only the caller's pool); its next parallel op builds a new
+pool (~0.1 ms). A no-op where torch has no OpenMP runtime with that call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import cache
+from pathlib import Path
+
+OMP_PAUSE_SOFT = 1
+_RUNTIMES = ("libgomp", "libiomp", "libomp")
+
+
+@cache
+def _pause_all() -> ctypes._CFuncPtr | None:
+    import torch  # noqa: F401  (loads the OpenMP runtime torch uses)
+
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    paths = {line.split()[-1] for line in maps.splitlines() if any(name in line for name in _RUNTIMES)}
+    for path in sorted(paths):
+        try:
+            fn = ctypes.CDLL(path).omp_pause_resource_all
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+        return fn
+    return None
+
+
+def release_thread_pool() -> bool:
+    """Free the calling thread's OpenMP workers (not inside a parallel region). True if a runtime did it."""
+    pause = _pause_all()
+    return pause is not None and pause(OMP_PAUSE_SOFT) == 0

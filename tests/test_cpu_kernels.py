@@ -1,0 +1,131 @@
+"""The fused CPU decode kernels (inference/cpu_kernels.py) and the OpenMP pool hand-off (inference/openmp.py)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_embedded_engine import tiny_model
+
+from thermik.inference import cpu_kernels
+from thermik.inference.native_model import NativeCausalLM
+from thermik.inference.openmp import release_thread_pool
+from thermik.inference.sampling import process_logits
+
+kernels = cpu_kernels.load()
+needs_kernels = pytest.mark.skipif(kernels is None, reason="no C compiler: the decode kernels could not be built")
+
+
+@needs_kernels
+def test_rms_norm_kernel_matches_torch() -> None:
+    x, w = torch.randn(5, 48), torch.randn(48)
+    torch.testing.assert_close(kernels.rms_norm(x, w, 1e-6), F.rms_norm(x, (48,), w, 1e-6), atol=1e-6, rtol=1e-5)
+
+
+@needs_kernels
+def test_rope_store_matches_hf_rotate_half_and_writes_the_cache_rows() -> None:
+    batch, heads, kv_heads, dim = 3, 4, 2, 8
+    qkv = torch.randn(batch, (heads + 2 * kv_heads) * dim)
+    angles = torch.randn(20, dim)
+    cos, sin = angles.cos(), angles.sin()
+    positions, slots = torch.tensor([5, 2, 7]), torch.tensor([2, 0, 3])
+    keys, values = torch.zeros(4, kv_heads, 16, dim), torch.zeros(4, kv_heads, 16, dim)
+    q = kernels.rope_store(
+        qkv, (heads, kv_heads, dim), (cos, sin), positions, slots, (None, None, 0.0), (keys, values), 0.5
+    )
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:  # HF's x * cos + rotate_half(x) * sin
+        half = dim // 2
+        c, s = cos[positions][:, None], sin[positions][:, None]
+        return x * c + torch.cat((-x[..., half:], x[..., :half]), -1) * s
+
+    q_ref, k_ref, v_ref = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
+    torch.testing.assert_close(q, rotate(q_ref.view(batch, heads, dim)) * 0.5)
+    torch.testing.assert_close(keys[slots, :, positions], rotate(k_ref.view(batch, kv_heads, dim)))
+    torch.testing.assert_close(values[slots, :, positions], v_ref.view(batch, kv_heads, dim))
+    assert keys[1].abs().sum() == 0 and keys[2, :, :5].abs().sum() == 0  # nothing else written
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("dense", [True, False])
+def test_fused_decode_step_equals_the_pytorch_path(arch: str, dense: bool) -> None:
+    """Prefill, then two decode steps at ragged positions, with and without the kernels: same logits and cache."""
+    native = NativeCausalLM(tiny_model(arch))
+    assert native.kernels is not None
+    batch = 4
+    prompt = torch.randint(2, 300, (batch, 9), generator=torch.Generator().manual_seed(0))
+    step = torch.randint(2, 300, (batch, 1), generator=torch.Generator().manual_seed(1))
+    slots = slice(0, batch) if dense else torch.tensor([5, 1, 0, 3])
+    starts = torch.tensor([9, 8, 6, 9])  # rows whose prompt was shorter continue earlier
+    results = []
+    for fused in (True, False):
+        native.kernels = kernels if fused else None
+        cache = native.new_cache(8, 32)
+        zeros = torch.zeros(batch, dtype=torch.long)
+        native.forward(prompt, slots, zeros, torch.full((batch,), 8), cache)
+        first = native.forward(step, slots, starts, zeros, cache)
+        second = native.forward(step + 1, slots, starts + 1, zeros, cache)
+        results.append((first, second, torch.stack(cache.keys), torch.stack(cache.values)))
+    for ours, reference in zip(*results, strict=True):
+        torch.testing.assert_close(ours, reference, atol=1e-4, rtol=1e-4)
+
+
+def test_kernels_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("THERMIK_CPU_KERNELS", "0")
+    assert cpu_kernels.load.__wrapped__() is None
+
+
+def test_a_missing_compiler_warns_and_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built yet
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with pytest.warns(UserWarning, match="decode kernels unavailable.*PyTorch path"):
+        assert cpu_kernels.load.__wrapped__() is None
+
+
+def test_the_pytorch_path_runs_without_kernels() -> None:
+    native = NativeCausalLM(tiny_model("qwen2"))
+    native.kernels = None
+    cache = native.new_cache(2, 16)
+    tokens = torch.tensor([[3], [4]])
+    logits = native.forward(tokens, slice(0, 2), torch.tensor([0, 0]), torch.zeros(2, dtype=torch.long), cache)
+    assert logits.shape == (2, 300) and torch.isfinite(logits).all()
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc to count threads")
+def test_release_thread_pool_ends_the_callers_openmp_workers() -> None:
+    """A thread that ran a parallel op owns OpenMP workers; releasing ends them, and torch still works after."""
+    if torch.get_num_threads() < 2:
+        pytest.skip("torch runs one thread here: no OpenMP workers to release")
+    a = torch.randn(512, 512)
+    counts: dict[str, int] = {}
+
+    def worker() -> None:  # a fresh thread, so no other test's pool is involved
+        a @ a
+        counts["with pool"] = _threads()
+        assert release_thread_pool()
+        counts["released"] = _threads()
+        torch.testing.assert_close(a @ torch.eye(512), a)  # a new pool serves the next op
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert counts["released"] < counts["with pool"]
+
+
+def test_plain_sampling_settings_skip_the_filters_and_still_validate() -> None:
+    logits = torch.randn(3, 7)
+    per_row = process_logits(logits, torch.full((3,), 0.7), torch.zeros(3), torch.ones(3), torch.zeros(3))
+    torch.testing.assert_close(process_logits(logits, 0.7), per_row)
+    assert process_logits(logits, 1.0) is not logits  # a new tensor, as documented
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        process_logits(logits, -1.0)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        process_logits(logits, 1.0, 0, 0.0)
