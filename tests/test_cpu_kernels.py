@@ -102,10 +102,12 @@ def _threads() -> int:
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc to count threads")
 def test_release_thread_pool_ends_the_callers_openmp_workers() -> None:
     """A thread that ran a parallel op owns OpenMP workers; releasing ends them, and torch still works after."""
-    if torch.get_num_threads() < 2:
-        pytest.skip("torch runs one thread here: no OpenMP workers to release")
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: torch runs no OpenMP workers to release")
     a = torch.randn(512, 512)
     counts: dict[str, int] = {}
+    threads = torch.get_num_threads()  # other tests may have left torch at one thread
+    torch.set_num_threads(2)
 
     def worker() -> None:  # a fresh thread, so no other test's pool is involved
         a @ a
@@ -115,8 +117,11 @@ def test_release_thread_pool_ends_the_callers_openmp_workers() -> None:
         torch.testing.assert_close(a @ torch.eye(512), a)  # a new pool serves the next op
 
     thread = threading.Thread(target=worker)
-    thread.start()
-    thread.join()
+    try:
+        thread.start()
+        thread.join()
+    finally:
+        torch.set_num_threads(threads)
     assert counts["released"] < counts["with pool"]
 
 
@@ -129,3 +134,14 @@ def test_plain_sampling_settings_skip_the_filters_and_still_validate() -> None:
         process_logits(logits, -1.0)
     with pytest.raises(ValueError, match="top_p must be in"):
         process_logits(logits, 1.0, 0, 0.0)
+
+
+@needs_kernels
+def test_fused_decode_refuses_positions_or_slots_outside_the_cache() -> None:
+    native = NativeCausalLM(tiny_model("qwen2"))
+    cache = native.new_cache(2, 16)
+    token, zero = torch.tensor([[3]]), torch.zeros(1, dtype=torch.long)
+    with pytest.raises(IndexError, match="outside the KV cache"):
+        native.forward(token, torch.tensor([0]), torch.tensor([16]), zero, cache)
+    with pytest.raises(IndexError, match="outside the KV cache"):
+        native.forward(token, torch.tensor([2]), torch.tensor([0]), zero, cache)

@@ -184,8 +184,11 @@ class NativeCausalLM:
         span = int(positions.max()) + 1
         if span > self.max_positions:
             raise ValueError(f"position {span - 1} exceeds the model's max_position_embeddings {self.max_positions}")
-        positions = positions.contiguous()
-        slot_ids = torch.arange(slots.start or 0, slots.stop) if isinstance(slots, slice) else slots.contiguous()
+        positions = positions.to(torch.long).contiguous()
+        slot_ids = torch.arange(slots.start or 0, slots.stop) if isinstance(slots, slice) else slots.to(torch.long)
+        slot_ids = slot_ids.contiguous()
+        if span > cache.max_len or int(slot_ids.max()) >= cache.num_slots:  # the C kernel writes without bounds checks
+            raise IndexError(f"decode at position {span - 1} / slot {int(slot_ids.max())} is outside the KV cache")
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         group = nh // nkv
         hidden = torch.arange(span)[None] > positions[:, None]  # [B, L]: keys after the row's own token
