@@ -209,7 +209,7 @@ class NativeCausalLM:
                 qkv, (nh, nkv, hd), (self._cos, self._sin), positions, slot_ids, qk_norm, (k_buf, v_buf), hd**-0.5
             )
             keys, values = k_buf[slots, :, :span], v_buf[slots, :, :span]  # views for a slice, gathered for ids
-            scores = torch.baddbmm(mask, q.view(batch * nkv, group, hd), keys.flatten(0, 1).transpose(1, 2))
+            scores = torch.bmm(q.view(batch * nkv, group, hd), keys.flatten(0, 1).transpose(1, 2)).add_(mask)
             attn = (scores.softmax(-1) @ values.flatten(0, 1)).view(batch, nh * hd)
             x = torch.addmm(x, attn, layer.o_t)
             if layer.o_b is not None:
