@@ -25,7 +25,7 @@ def bench():
 
 
 def test_every_row_is_the_example_config_with_its_algorithm(bench, tmp_path) -> None:
-    args = bench.parse_args(["--steps", "7", "--out", str(tmp_path), "--lora"])
+    args = bench.parse_args(["--steps", "7", "--lora-steps", "9", "--out", str(tmp_path), "--lora"])
     configs = {
         name: load_config(RunConfig, bench.rl_argv(args, name, tmp_path / "m"), env={})
         for name in [*bench.VARIANTS, bench.LORA_VARIANT]
@@ -34,6 +34,7 @@ def test_every_row_is_the_example_config_with_its_algorithm(bench, tmp_path) -> 
     assert configs["dr_grpo"].algorithm.advantage == "dr_grpo" and configs["cispo"].algorithm.loss == "cispo"
     assert configs["grpo_lora"].lora.enabled and not configs["grpo"].lora.enabled
     assert configs["grpo_lora"].trainer.optimizer.lr == args.lora_lr
+    assert configs.pop("grpo_lora").trainer.steps == 9  # the LoRA row has its own budget
     for cfg in configs.values():  # same budget and seed; everything else from examples/reverse_text/rl.toml
         assert (cfg.trainer.steps, cfg.seed, cfg.trainer.group_size, cfg.rollout.max_generate_length) == (7, 0, 8, 32)
     with pytest.raises(SystemExit):
@@ -53,7 +54,18 @@ def test_table_marks_the_target(bench) -> None:
 @pytest.mark.slow
 def test_tiny_budget_runs_every_kind_of_row(bench, tmp_path, capsys) -> None:
     argv = ["--steps", "1", "--eval-size", "2", "--prompts", "2", "--group", "2", "--train-size", "16"]
-    argv += ["--sft-steps", "2", "--algorithms", "grpo", "ppo_gae", "--lora", "--out", str(tmp_path)]
+    argv += [
+        "--sft-steps",
+        "2",
+        "--algorithms",
+        "grpo",
+        "ppo_gae",
+        "--lora",
+        "--lora-steps",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     results = bench.main(argv)
     assert [r.name for r in results] == ["grpo", "ppo_gae", "grpo_lora"]
     assert all(0.0 <= r.reward <= 1.0 and r.step_s > 0 for r in results)
