@@ -44,6 +44,19 @@ class Generation:
     top_logprobs: list[dict[int, float]] | None = None
 
 
+@dataclass
+class TokenDelta:
+    """Tokens sampled since the previous delta of a streamed generation (`EmbeddedEngine.stream`)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[dict[int, float]] | None = None
+
+
+StreamItem = TokenDelta | Generation
+"""What a stream yields: deltas while the generation runs, then the whole `Generation` once, last."""
+
+
 class InferenceEngine(Protocol):
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None

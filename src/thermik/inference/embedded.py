@@ -21,13 +21,21 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
 
-from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource, check_request
+from thermik.inference.base import (
+    Generation,
+    SamplingParams,
+    StopReason,
+    StreamItem,
+    TokenDelta,
+    WeightSource,
+    check_request,
+)
 from thermik.inference.hf_engine import HFEngine
 from thermik.inference.native_model import NativeCausalLM, unsupported_reason
 from thermik.inference.openmp import release_thread_pool
@@ -57,6 +65,7 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    on_token: Callable[[], None] | None = None  # called by the scheduler thread after each sampled token
 
     def result(self, reason: StopReason, version: int) -> Generation:
         return Generation(
@@ -148,6 +157,42 @@ class EmbeddedEngine:
         release_thread_pool()  # this thread waits now: its OpenMP workers would slow the scheduler's (openmp.py)
         return await asyncio.wrap_future(future)
 
+    def stream(
+        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None
+    ) -> AsyncIterator[StreamItem]:
+        """Queue one request now (bad input raises here, before anything is streamed) and return an iterator of
+        `TokenDelta`s as tokens are sampled, then the finished `Generation`. Closing the iterator early cancels
+        the request."""
+        loop = asyncio.get_running_loop()
+        wake: asyncio.Queue[None] = asyncio.Queue()
+
+        def notify() -> None:
+            loop.call_soon_threadsafe(wake.put_nowait, None)
+
+        req = self._enqueue([(prompt_ids, sampling, session_id)], on_token=notify)[0]
+        req.future.add_done_callback(lambda _: notify())
+        release_thread_pool()
+        return self._drain(req, req.future, wake)
+
+    async def _drain(
+        self, req: _Request, future: concurrent.futures.Future[Generation], wake: asyncio.Queue[None]
+    ) -> AsyncIterator[StreamItem]:
+        sent = 0
+        try:
+            while True:
+                await wake.get()
+                done = future.done()
+                count = len(req.logprobs)  # appended after the token id: the lists agree up to here
+                if count > sent:
+                    tops = req.top_logprobs[sent:count] if req.sampling.top_logprobs else None
+                    yield TokenDelta(req.token_ids[sent:count], req.logprobs[sent:count], tops)
+                    sent = count
+                if done:
+                    yield future.result()
+                    return
+        finally:
+            future.cancel()  # a consumer that stops early frees the slot (no-op once finished)
+
     def generate_batch(self, prompts: Sequence[Sequence[int]], samplings: Sequence[SamplingParams]) -> list[Generation]:
         """Blocking: queue all prompts at once and wait for every result (safe to call from any thread)."""
         if len(prompts) != len(samplings):
@@ -193,6 +238,11 @@ class EmbeddedEngine:
     # ------------------------------------------------------------------ requests
 
     def _submit(self, items: list[tuple[Sequence[int], SamplingParams, str | None]]) -> list[concurrent.futures.Future]:
+        return [r.future for r in self._enqueue(items)]
+
+    def _enqueue(
+        self, items: list[tuple[Sequence[int], SamplingParams, str | None]], on_token: Callable[[], None] | None = None
+    ) -> list[_Request]:
         for prompt_ids, sampling, _ in items:
             check_request(prompt_ids, sampling, self._vocab_size)
             if sampling.stop and self.detokenize is None:
@@ -205,6 +255,7 @@ class EmbeddedEngine:
                 future=concurrent.futures.Future(),
                 stop_ids=self.eos_token_ids | frozenset(sampling.stop_token_ids),
                 generator=None if sampling.seed is None else torch.Generator(self.device).manual_seed(sampling.seed),
+                on_token=on_token,
             )
             for prompt_ids, sampling, session_id in items
         ]
@@ -217,7 +268,7 @@ class EmbeddedEngine:
                 _LIVE_ENGINES.add(self)
                 self._thread.start()
             self._cond.notify_all()
-        return [r.future for r in requests]
+        return requests
 
     def _finish(self, req: _Request, reason: StopReason) -> None:
         if not req.future.done():
@@ -429,6 +480,8 @@ class EmbeddedEngine:
             if reason is not None:
                 self._finish(req, reason)
                 slot.request = None
+            elif req.on_token is not None:
+                req.on_token()  # (a finished request notifies through its future)
 
     def _top_logprobs(
         self, logits: torch.Tensor, temperature: float | torch.Tensor, params: list[SamplingParams]

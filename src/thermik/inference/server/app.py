@@ -6,7 +6,7 @@ import asyncio
 import secrets
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from thermik.inference.base import InferenceEngine, SamplingParams
+from thermik.inference.base import Generation, InferenceEngine, SamplingParams, StreamItem
 from thermik.inference.remote import THERMIK_OWNER
 from thermik.inference.server import outputs, streaming
 from thermik.inference.server.chat_render import render_chat
@@ -26,6 +26,7 @@ from thermik.inference.server.protocol import (
     UpdateWeightsRequest,
     _Sampling,
 )
+from thermik.tools.parsers import TOOL_CALL_OPEN
 
 SEED_MOD = 2**63
 
@@ -68,10 +69,10 @@ class OpenAIServer:
             )  # fmt: skip
         return room if requested is None else requested
 
-    async def _generate(
+    def _requests(
         self, prompts: list[list[int]], body: _Sampling, requested: int | None, top: int, param: str, prompt_param: str
-    ) -> list[outputs.Choice]:
-        """n engine calls per prompt, all awaited together; `param`/`prompt_param` name the fields in errors."""
+    ) -> list[tuple[list[int], SamplingParams]]:
+        """n engine requests per prompt, checked; `param`/`prompt_param` name the fields in errors."""
         self._check_model(body)
         self._check_ids(body.stop_token_ids, "stop_token_ids")
         for prompt in prompts:
@@ -80,28 +81,58 @@ class OpenAIServer:
         if body.session_id is not None and (len(prompts) > 1 or body.n > 1):
             raise ApiError(400, "session_id continues one episode: send a single prompt with n=1", "session_id")
         limits = [self._max_tokens(p, requested, param, prompt_param) for p in prompts]
-        stops = body.stop_strings()
-        calls = []
-        for prompt, max_tokens in zip(prompts, limits, strict=True):
-            for i in range(body.n):
-                sampling = SamplingParams(
+        return [
+            (
+                prompt,
+                SamplingParams(
                     max_tokens=max_tokens,
                     temperature=body.temperature,
                     top_p=body.top_p,
                     top_k=max(body.top_k, 0),
                     min_p=body.min_p,
                     stop_token_ids=tuple(body.stop_token_ids),
-                    stop=stops,
+                    stop=body.stop_strings(),
                     seed=None if body.seed is None else (body.seed + i) % SEED_MOD,
                     top_logprobs=top,
-                )
-                calls.append(self.engine.generate(prompt, sampling, body.session_id))
+                ),
+            )
+            for prompt, max_tokens in zip(prompts, limits, strict=True)
+            for i in range(body.n)
+        ]
+
+    async def _generations(self, requests: list[tuple[list[int], SamplingParams]], body: _Sampling) -> list[Generation]:
         try:
-            gens = await asyncio.gather(*calls)
+            return await asyncio.gather(*(self.engine.generate(p, s, body.session_id) for p, s in requests))
         except ValueError as exc:  # the engine refuses input it cannot serve
             raise ApiError(400, str(exc)) from exc
-        stop_ids = frozenset(body.stop_token_ids)
-        return [outputs.finish(gen, k, prompts[k // body.n], self.detok, stops, stop_ids) for k, gen in enumerate(gens)]
+
+    async def _generate(
+        self, prompts: list[list[int]], body: _Sampling, requested: int | None, top: int, param: str, prompt_param: str
+    ) -> list[outputs.Choice]:
+        requests = self._requests(prompts, body, requested, top, param, prompt_param)
+        gens = await self._generations(requests, body)
+        stops, stop_ids = body.stop_strings(), frozenset(body.stop_token_ids)
+        return [outputs.finish(g, k, requests[k][0], self.detok, stops, stop_ids) for k, g in enumerate(gens)]
+
+    async def _open_streams(
+        self, requests: list[tuple[list[int], SamplingParams]], body: _Sampling, hold_from: str | None
+    ) -> tuple[list[AsyncIterator[StreamItem]], list[streaming.ChoiceStream]]:
+        """One source per choice: the engine's token stream where it has one (requests are queued, and refused
+        with a 400, before the response starts), else its finished generation."""
+        stream = getattr(self.engine, "stream", None)
+        if stream is None:
+            sources = [streaming.finished(g) for g in await self._generations(requests, body)]
+        else:
+            try:
+                sources = [stream(p, s, body.session_id) for p, s in requests]
+            except ValueError as exc:
+                raise ApiError(400, str(exc)) from exc
+        stops, stop_ids = body.stop_strings(), frozenset(body.stop_token_ids)
+        streams = [
+            streaming.ChoiceStream(k, prompt, self.detok, stops, stop_ids, hold_from)
+            for k, (prompt, _) in enumerate(requests)
+        ]
+        return sources, streams
 
     # ------------------------------------------------------------------ /v1/completions
 
@@ -119,7 +150,6 @@ class OpenAIServer:
     async def completions(self, body: CompletionRequest) -> Any:
         prompts = self._completion_prompts(body.prompt)
         top = body.logprobs or 0
-        choices = await self._generate(prompts, body, body.max_tokens, top, "max_tokens", "prompt")
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name}  # fmt: skip
         as_ids = body.return_tokens_as_token_ids
@@ -127,8 +157,9 @@ class OpenAIServer:
         def logprobs(c: outputs.Choice, span: slice = slice(None)) -> dict | None:
             return None if body.logprobs is None else outputs.completion_logprobs(c, self.detok, top, as_ids, span)
 
-        use = outputs.usage(prompts, choices)
         if body.stream:
+            requests = self._requests(prompts, body, body.max_tokens, top, "max_tokens", "prompt")
+            sources, streams = await self._open_streams(requests, body, None)
 
             def entry(c: outputs.Choice, pos: int, piece: str) -> dict[str, Any]:
                 out = {"index": c.index, "text": piece, "logprobs": logprobs(c, slice(pos, pos + 1)),
@@ -139,10 +170,15 @@ class OpenAIServer:
                         out["prompt_token_ids"] = c.prompt_ids
                 return out
 
-            last = [
-                [{"index": c.index, "text": "", "logprobs": None, "finish_reason": c.finish_reason}] for c in choices
-            ]
-            return _sse(streaming.event_stream(head, choices, self.detok, [], entry, last, _stream_usage(body, use)))
+            def final(stream: streaming.ChoiceStream, c: outputs.Choice) -> streaming.Entries:
+                last = {"index": c.index, "text": "", "logprobs": None, "finish_reason": c.finish_reason}
+                return [*([entry(c, pos, piece)] for pos, piece in stream.rest(c)), [last]]
+
+            usage = _stream_usage(body, prompts)
+            return _sse(streaming.event_stream(head, sources, streams, [], entry, final, usage))
+
+        choices = await self._generate(prompts, body, body.max_tokens, top, "max_tokens", "prompt")
+        use = outputs.usage(prompts, choices)
 
         def choice(c: outputs.Choice) -> dict[str, Any]:
             out = {"index": c.index, "text": c.text, "logprobs": logprobs(c), "finish_reason": c.finish_reason}
@@ -162,7 +198,6 @@ class OpenAIServer:
             raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         requested = body.max_completion_tokens or body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-        choices = await self._generate([prompt], body, requested, top, param, "messages")
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name}  # fmt: skip
         parse_tools = bool(body.tools) and body.tool_choice != "none"
@@ -177,9 +212,13 @@ class OpenAIServer:
         def logprobs(c: outputs.Choice, span: slice = slice(None)) -> dict | None:
             return outputs.chat_logprobs(c, self.detok, top, as_ids, span) if body.logprobs else None
 
-        use = outputs.usage([prompt], choices)
         if body.stream:
-            return self._chat_stream(head, choices, message, logprobs, parse_tools, body, use)
+            requests = self._requests([prompt], body, requested, top, param, "messages")
+            sources, streams = await self._open_streams(requests, body, TOOL_CALL_OPEN if parse_tools else None)
+            return self._chat_stream(head, sources, streams, message, logprobs, body, [prompt])
+
+        choices = await self._generate([prompt], body, requested, top, param, "messages")
+        use = outputs.usage([prompt], choices)
 
         def choice(c: outputs.Choice) -> dict[str, Any]:
             msg, reason = message(c)
@@ -196,19 +235,18 @@ class OpenAIServer:
     def _chat_stream(
         self,
         head: dict[str, Any],
-        choices: list[outputs.Choice],
+        sources: list[AsyncIterator[StreamItem]],
+        streams: list[streaming.ChoiceStream],
         message: Callable[[outputs.Choice], tuple[dict[str, Any], str]],
         logprobs: Callable[..., dict | None],
-        parse_tools: bool,
         body: ChatCompletionRequest,
-        use: dict[str, int],
+        prompts: list[list[int]],
     ) -> StreamingResponse:
-        """Content streams token by token; a reply that holds tool calls sends its content and calls in one chunk."""
+        """Content streams token by token; a reply with tool calls sends its calls (and any content after the
+        last streamed piece) in one chunk at the end."""
         head = {**head, "object": "chat.completion.chunk"}
-        first = [[{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                   "finish_reason": None}] for c in choices]  # fmt: skip
-        with_calls = {c.index for c in choices if parse_tools and message(c)[1] == "tool_calls"}
-        streamed = [c for c in choices if c.index not in with_calls]
+        first = [[{"index": s.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                   "finish_reason": None}] for s in streams]  # fmt: skip
 
         def entry(c: outputs.Choice, pos: int, piece: str) -> dict[str, Any]:
             out = {"index": c.index, "delta": {"content": piece}, "logprobs": logprobs(c, slice(pos, pos + 1)),
@@ -217,15 +255,20 @@ class OpenAIServer:
                 out["token_ids"] = [c.token_ids[pos]]
             return out
 
-        last = []
-        for c in choices:
+        def final(stream: streaming.ChoiceStream, c: outputs.Choice) -> streaming.Entries:
             msg, reason = message(c)
-            if c.index in with_calls:
-                calls = [{"index": i, **call} for i, call in enumerate(msg["tool_calls"])]
-                delta = {"content": msg["content"], "tool_calls": calls}
-                last.append([{"index": c.index, "delta": delta, "logprobs": logprobs(c), "finish_reason": None}])
-            last.append([{"index": c.index, "delta": {}, "logprobs": None, "finish_reason": reason}])
-        return _sse(streaming.event_stream(head, streamed, self.detok, first, entry, last, _stream_usage(body, use)))
+            last = [{"index": c.index, "delta": {}, "logprobs": None, "finish_reason": reason}]
+            if reason != "tool_calls":
+                return [*([entry(c, pos, piece)] for pos, piece in stream.rest(c)), last]
+            content = msg["content"] or ""
+            rest = content[len(stream.sent_text) :] if content.startswith(stream.sent_text) else ""
+            calls = [{"index": i, **call} for i, call in enumerate(msg["tool_calls"])]
+            delta = {"content": rest or None, "tool_calls": calls}
+            tokens = slice(stream.sent, None)
+            return [[{"index": c.index, "delta": delta, "logprobs": logprobs(c, tokens), "finish_reason": None}], last]
+
+        usage = _stream_usage(body, prompts)
+        return _sse(streaming.event_stream(head, sources, streams, first, entry, final, usage))
 
     # ------------------------------------------------------------------ weights and status
 
@@ -251,8 +294,10 @@ class OpenAIServer:
         return {"object": "list", "data": [card]}
 
 
-def _stream_usage(body: _Sampling, use: dict[str, int]) -> dict[str, int] | None:
-    return use if body.stream_options is not None and body.stream_options.include_usage else None
+def _stream_usage(body: _Sampling, prompts: list[list[int]]) -> Callable[[list[outputs.Choice]], dict[str, int] | None]:
+    """The usage chunk of a stream, if the request asked for one (`stream_options.include_usage`)."""
+    wanted = body.stream_options is not None and body.stream_options.include_usage
+    return lambda choices: outputs.usage(prompts, choices) if wanted else None
 
 
 def _sse(events: Any) -> StreamingResponse:

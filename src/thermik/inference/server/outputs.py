@@ -147,15 +147,17 @@ def completion_logprobs(choice: Choice, detok: Detokenizer, top: int, as_ids: bo
     }
 
 
-def stream_pieces(detok: Detokenizer, ids: Sequence[int], text: str) -> list[str]:
-    """One text piece per token whose concatenation is exactly `text`.
+def stream_pieces(
+    detok: Detokenizer, ids: Sequence[int], text: str, first: int = 0, start: int = 0, emitted: int = 0
+) -> list[str]:
+    """One text piece per token of ids[first:] whose concatenation is text[emitted:]; `start` is the first token
+    whose text is not in text[:emitted] yet (the defaults: the whole choice).
 
     A token that ends inside a multi-byte character, the stop token and tokens past a stop string get an empty
     piece; their text arrives with a later piece (the last piece carries whatever is left).
     """
     pieces: list[str] = []
-    emitted, start = 0, 0
-    for k in range(len(ids)):
+    for k in range(first, len(ids)):
         pending = detok.decode(ids[start : k + 1])
         if pending and not pending.endswith("\ufffd") and text[emitted : emitted + len(pending)] == pending:
             pieces.append(pending)
