@@ -166,8 +166,11 @@ class EmbeddedEngine:
         loop = asyncio.get_running_loop()
         wake: asyncio.Queue[None] = asyncio.Queue()
 
-        def notify() -> None:
-            loop.call_soon_threadsafe(wake.put_nowait, None)
+        def notify() -> None:  # runs on the scheduler thread: it must not raise there
+            try:
+                loop.call_soon_threadsafe(wake.put_nowait, None)
+            except RuntimeError:  # the consumer's event loop is closed; its request is being cancelled
+                pass
 
         req = self._enqueue([(prompt_ids, sampling, session_id)], on_token=notify)[0]
         req.future.add_done_callback(lambda _: notify())
