@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import threading
 import time
 import warnings
@@ -167,10 +168,8 @@ class EmbeddedEngine:
         wake: asyncio.Queue[None] = asyncio.Queue()
 
         def notify() -> None:  # runs on the scheduler thread: it must not raise there
-            try:
+            with contextlib.suppress(RuntimeError):  # the consumer's loop is closed; its request is being cancelled
                 loop.call_soon_threadsafe(wake.put_nowait, None)
-            except RuntimeError:  # the consumer's event loop is closed; its request is being cancelled
-                pass
 
         req = self._enqueue([(prompt_ids, sampling, session_id)], on_token=notify)[0]
         req.future.add_done_callback(lambda _: notify())
