@@ -85,6 +85,7 @@ def rl_argv(args: argparse.Namespace, name: str, model: Path) -> list[str]:
     if name == LORA_VARIANT:
         argv += ["--lora.enabled=true", f"--lora.rank={args.lora_rank}", f"--lora.alpha={args.lora_alpha}"]
         argv.append(f"--trainer.optimizer.lr={args.lora_lr}")
+        argv.append(f"--lora.modules_to_save={json.dumps(args.lora_modules_to_save)}")
     else:
         argv += [f"--algorithm.{k}={v}" for k, v in VARIANTS[name].items()]
     return argv
@@ -120,7 +121,7 @@ def format_table(results: list[Result], args: argparse.Namespace) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=600, help="RL steps per algorithm (the example's 500, plus 100)")
+    p.add_argument("--steps", type=int, default=800, help="RL steps per algorithm (ppo+gae, the slowest, needs ~800)")
     p.add_argument("--eval-size", type=int, default=200, help="held-out problems (sampled at temperature 1)")
     p.add_argument("--prompts", type=int, default=32, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="samples per prompt")
@@ -130,6 +131,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA alpha (the update is scaled by alpha / rank)")
     p.add_argument("--lora-steps", type=int, default=1000, help="RL steps of the LoRA row")
+    p.add_argument("--lora-modules-to-save", nargs="*", default=[], metavar="NAME", help="lora.modules_to_save")
     p.add_argument("--lora-lr", type=float, default=5e-3, help="learning rate of the LoRA row")
     p.add_argument("--sft-model", type=Path, help="start from this model directory instead of a new SFT warm-up")
     p.add_argument("--sft-steps", type=int, help="cap on SFT warm-up steps (default: sft.toml's early stop)")

@@ -25,7 +25,8 @@ def bench():
 
 
 def test_every_row_is_the_example_config_with_its_algorithm(bench, tmp_path) -> None:
-    args = bench.parse_args(["--steps", "7", "--lora-steps", "9", "--out", str(tmp_path), "--lora"])
+    argv = ["--steps", "7", "--lora-steps", "9", "--out", str(tmp_path), "--lora", "--lora-modules-to-save", "norm"]
+    args = bench.parse_args(argv)
     configs = {
         name: load_config(RunConfig, bench.rl_argv(args, name, tmp_path / "m"), env={})
         for name in [*bench.VARIANTS, bench.LORA_VARIANT]
@@ -34,7 +35,8 @@ def test_every_row_is_the_example_config_with_its_algorithm(bench, tmp_path) -> 
     assert configs["dr_grpo"].algorithm.advantage == "dr_grpo" and configs["cispo"].algorithm.loss == "cispo"
     assert configs["grpo_lora"].lora.enabled and not configs["grpo"].lora.enabled
     assert configs["grpo_lora"].trainer.optimizer.lr == args.lora_lr
-    assert configs.pop("grpo_lora").trainer.steps == 9  # the LoRA row has its own budget
+    lora = configs.pop("grpo_lora")
+    assert lora.trainer.steps == 9 and lora.lora.modules_to_save == ("norm",)  # the LoRA row has its own budget
     for cfg in configs.values():  # same budget and seed; everything else from examples/reverse_text/rl.toml
         assert (cfg.trainer.steps, cfg.seed, cfg.trainer.group_size, cfg.rollout.max_generate_length) == (7, 0, 8, 32)
     with pytest.raises(SystemExit):

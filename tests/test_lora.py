@@ -63,6 +63,29 @@ def test_engine_receives_weights_equal_to_merge_and_unload(tiny_model_dir) -> No
         asyncio.run(engine.close())
 
 
+def test_modules_to_save_train_in_full_and_reach_the_engine(tiny_model_dir) -> None:
+    cfg = LORA.model_copy(update={"modules_to_save": ("norm",)})
+    policy, _ = components.load_policy(ModelConfig(path=str(tiny_model_dir)), cfg)
+    trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
+    norms = [n for n in trainable if "lora_" not in n]
+    assert norms and all(n.endswith("norm.modules_to_save.default.weight") for n in norms)
+    with torch.no_grad():  # "training" moves every trainable norm weight
+        for p in policy.parameters():
+            if p.requires_grad:
+                p.add_(0.1)
+    reference = components.plain_copy(policy).state_dict()
+    merged = merged_lora_weights(policy)
+    assert "model.norm.weight" in merged and "model.layers.0.input_layernorm.weight" in merged
+    for name, w in merged.items():
+        torch.testing.assert_close(w, reference[name], rtol=0, atol=1e-6)
+    base = load_model(tiny_model_dir).state_dict()
+    assert not torch.allclose(merged["model.norm.weight"], base["model.norm.weight"])
+    with pytest.raises(ValueError, match="matches no module of the model: \\['nrom'\\]"):
+        components.load_policy(
+            ModelConfig(path=str(tiny_model_dir)), cfg.model_copy(update={"modules_to_save": ("nrom",)})
+        )
+
+
 @pytest.mark.slow
 def test_lora_rl_steps_and_exported_adapter_reloads(tmp_path, stopping_model_dir, letter_env) -> None:  # noqa: F811
     cfg = short_rl_config(

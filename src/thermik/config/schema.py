@@ -289,6 +289,12 @@ class LoRAConfig(Section):
         min_length=1,
         description="Names of the Linear modules that get adapters.",
     )
+    modules_to_save: tuple[str, ...] = Field(
+        (),
+        description="Modules trained in full beside the adapters (PEFT modules_to_save; a name matches every "
+        "module whose name ends with it), e.g. ('norm',) for every RMSNorm weight: with frozen norms and a tied "
+        "output head a small model cannot sharpen its logits (LongLoRA, Chen et al. 2023, trains norms too).",
+    )
 
 
 class CheckpointConfig(Section):

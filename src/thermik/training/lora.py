@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import Linear as LoraLinear
+from peft.utils import ModulesToSaveWrapper
 
 from thermik.config.schema import LoRAConfig
 
@@ -28,11 +29,16 @@ def apply_lora(model: torch.nn.Module, cfg: LoRAConfig) -> PeftModel:
             f"lora.target_modules names modules the model does not have: {missing}; its Linear layers are "
             f"{sorted(names)}"
         )
+    all_names = [name for name, _ in model.named_modules()]
+    unmatched = [m for m in cfg.modules_to_save if not any(name.endswith(m) for name in all_names)]
+    if unmatched:
+        raise ValueError(f"lora.modules_to_save matches no module of the model: {unmatched}")
     peft_cfg = LoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
         target_modules=list(cfg.target_modules),
+        modules_to_save=list(cfg.modules_to_save) or None,
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -45,10 +51,15 @@ def is_lora(model: torch.nn.Module) -> bool:
 
 @torch.no_grad()
 def merged_lora_weights(model: PeftModel) -> dict[str, torch.Tensor]:
-    """{base parameter name: W + B @ A * scaling} for every adapted Linear layer: the only weights that differ
-    from the frozen base, named as in the base model's state dict (what the engine's model holds)."""
+    """{base parameter name: W + B @ A * scaling} for every adapted Linear layer, and the trained copies of
+    `lora.modules_to_save`: the only weights that differ from the frozen base, named as in the base model's
+    state dict (what the engine's model holds)."""
     out: dict[str, torch.Tensor] = {}
     for name, module in model.get_base_model().named_modules():
+        if isinstance(module, ModulesToSaveWrapper):  # trained in full (lora.modules_to_save): sent as they are
+            trained = module.modules_to_save[ADAPTER_NAME]
+            out.update((f"{name}.{key}", value.detach().clone()) for key, value in trained.state_dict().items())
+            continue
         if not isinstance(module, LoraLinear) or ADAPTER_NAME not in module.lora_A:
             continue
         if module.fan_in_fan_out:  # transposed storage (GPT-2 Conv1D): not used by the architectures we load
