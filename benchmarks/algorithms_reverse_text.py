@@ -2,7 +2,8 @@
 same seed and budget, from the same SFT warm-up, in one process; prints the final held-out reward of each.
 
 Every run is `thermik rl @ examples/reverse_text/rl.toml` (32 prompts x 8 samples, lr 1e-3, temperature 1) with
-only the algorithm section (and, for LoRA, the lora section and the learning rate) changed. The warm-up is
+only the algorithm section (and, for LoRA, the lora section and the learning rate) changed. The LoRA row trains
+rank-16 adapters on every projection plus the RMSNorm weights (lora.modules_to_save) at lr 2.5e-3. The warm-up is
 `examples/reverse_text/sft.toml` on a fresh qwen2-1m (as examples/reverse_text/run.sh does), or --sft-model.
 The held-out reward is the mean over --eval-size problems sampled at temperature 1 after the last step.
 
@@ -131,8 +132,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA alpha (the update is scaled by alpha / rank)")
     p.add_argument("--lora-steps", type=int, default=1000, help="RL steps of the LoRA row")
-    p.add_argument("--lora-modules-to-save", nargs="*", default=[], metavar="NAME", help="lora.modules_to_save")
-    p.add_argument("--lora-lr", type=float, default=5e-3, help="learning rate of the LoRA row")
+    p.add_argument(
+        "--lora-modules-to-save", nargs="*", default=["norm"], metavar="NAME", help="lora.modules_to_save (the norms)"
+    )
+    p.add_argument("--lora-lr", type=float, default=2.5e-3, help="learning rate of the LoRA row")
     p.add_argument("--sft-model", type=Path, help="start from this model directory instead of a new SFT warm-up")
     p.add_argument("--sft-steps", type=int, help="cap on SFT warm-up steps (default: sft.toml's early stop)")
     p.add_argument("--train-size", type=int, default=4000, help="synthesized training problems")
