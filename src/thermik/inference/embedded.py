@@ -174,12 +174,10 @@ class EmbeddedEngine:
         req = self._enqueue([(prompt_ids, sampling, session_id)], on_token=notify)[0]
         req.future.add_done_callback(lambda _: notify())
         release_thread_pool()
-        return self._drain(req, req.future, wake)
+        return self._drain(req, wake)
 
-    async def _drain(
-        self, req: _Request, future: concurrent.futures.Future[Generation], wake: asyncio.Queue[None]
-    ) -> AsyncIterator[StreamItem]:
-        sent = 0
+    async def _drain(self, req: _Request, wake: asyncio.Queue[None]) -> AsyncIterator[StreamItem]:
+        future, sent = req.future, 0
         try:
             while True:
                 await wake.get()

@@ -196,8 +196,7 @@ class NativeCausalLM:
         mask = mask[:, None, None].expand(batch, nkv, group, span).reshape(batch * nkv, group, span)
         x = F.embedding(tokens, self.embed.weight)
         for i, layer in enumerate(self.layers):
-            norm = layer.in_norm
-            h = kernels.rms_norm(x, norm.weight, norm.variance_epsilon)
+            h = kernels.rms_norm(x, layer.in_norm.weight, layer.in_norm.variance_epsilon)
             qkv = h @ layer.qkv_t if layer.qkv_b is None else torch.addmm(layer.qkv_b, h, layer.qkv_t)
             qk_norm = (
                 (None, None, 0.0)
@@ -214,8 +213,7 @@ class NativeCausalLM:
             x = torch.addmm(x, attn, layer.o_t)
             if layer.o_b is not None:
                 x += layer.o_b
-            norm = layer.post_norm
-            h = kernels.rms_norm(x, norm.weight, norm.variance_epsilon)
+            h = kernels.rms_norm(x, layer.post_norm.weight, layer.post_norm.variance_epsilon)
             gate, up = (h @ layer.gate_up_t).chunk(2, dim=-1)
             x = torch.addmm(x, F.silu(gate).mul_(up), layer.down_t)
         h = kernels.rms_norm(x, self.final_norm.weight, self.final_norm.variance_epsilon)

@@ -111,8 +111,11 @@ class OpenAIServer:
     ) -> list[outputs.Choice]:
         requests = self._requests(prompts, body, requested, top, param, prompt_param)
         gens = await self._generations(requests, body)
-        stops, stop_ids = body.stop_strings(), frozenset(body.stop_token_ids)
-        return [outputs.finish(g, k, requests[k][0], self.detok, stops, stop_ids) for k, g in enumerate(gens)]
+        stop_ids = frozenset(body.stop_token_ids)
+        return [
+            outputs.finish(g, k, prompt, self.detok, sampling.stop, stop_ids)
+            for k, (g, (prompt, sampling)) in enumerate(zip(gens, requests, strict=True))
+        ]
 
     async def _open_streams(
         self, requests: list[tuple[list[int], SamplingParams]], body: _Sampling, hold_from: str | None
