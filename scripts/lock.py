@@ -106,7 +106,7 @@ def pip_compile() -> list[str]:
 def regenerate(upgrade: bool) -> None:
     fingerprint = dependency_fingerprint(ROOT / "pyproject.toml")
     for name, extras in LOCKS.items():
-        cmd = pip_compile() + ["--quiet", "--strip-extras", "--allow-unsafe", "--no-emit-index-url"]
+        cmd = [*pip_compile(), "--quiet", "--strip-extras", "--allow-unsafe", "--no-emit-index-url"]
         cmd += ["--no-emit-find-links", "--output-file", name] + [f"--extra={e}" for e in extras]
         if name in CONSTRAINED_BY:
             cmd.append(f"--constraint={CONSTRAINED_BY[name]}")

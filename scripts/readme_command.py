@@ -1,7 +1,7 @@
 """Print one of the README's two set-up commands, so CI and the fresh-install check run exactly what it says.
 
-    python scripts/readme_command.py main   # line 1 of the README's first code block
-    python scripts/readme_command.py test   # line 2
+python scripts/readme_command.py main   # line 1 of the README's first code block
+python scripts/readme_command.py test   # line 2
 """
 
 import re
