@@ -1,4 +1,4 @@
-"""Fused float32 CPU kernels for the embedded engine's decode step (kernels/decode.c), compiled on first use.
+"""Fused float32 / bfloat16 CPU kernels for the embedded engine's decode step (kernels/decode.c), compiled on first use.
 
 A decode step of a small model on CPU spends more time dispatching ~20 small PyTorch ops per layer than in
 its matrix products. `kernels/decode.c` does the elementwise work of a layer (RMSNorm, RoPE + KV-cache
@@ -62,21 +62,28 @@ def _build(source: Path, library: Path) -> None:
     partial.replace(library)  # atomic: a concurrent process sees the whole library or none
 
 
+DTYPES = (torch.float32, torch.bfloat16)  # the element types decode.c has kernels for
+
+
 class DecodeKernels:
-    """ctypes bindings of kernels/decode.c; every tensor argument must be contiguous float32 (int64) on CPU."""
+    """ctypes bindings of kernels/decode.c. Tensor arguments are contiguous CPU tensors of one element type from
+    DTYPES (positions and slots int64; the cos/sin tables float32 for both types)."""
 
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))
-        lib.thermik_rms_norm.argtypes = [_P, _P, _P, _I, _I, _F]
-        lib.thermik_rope_store.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _F, _P, _P, _I, _P, _F]
-        for fn in (lib.thermik_rms_norm, lib.thermik_rope_store):
-            fn.restype = None
-        self._lib = lib
+        self._rms_norm: dict[torch.dtype, ctypes._CFuncPtr] = {}
+        self._rope_store: dict[torch.dtype, ctypes._CFuncPtr] = {}
+        for dtype, suffix in zip(DTYPES, ("", "_bf16"), strict=True):
+            rms, rope = getattr(lib, f"thermik_rms_norm{suffix}"), getattr(lib, f"thermik_rope_store{suffix}")
+            rms.argtypes = [_P, _P, _P, _I, _I, _F]
+            rope.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _F, _P, _P, _I, _P, _F]
+            rms.restype = rope.restype = None
+            self._rms_norm[dtype], self._rope_store[dtype] = rms, rope
 
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         """RMSNorm over the last dim of a contiguous [rows, dim] tensor."""
         out = torch.empty_like(x)
-        self._lib.thermik_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
+        self._rms_norm[x.dtype](x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
         return out
 
     def rope_store(
@@ -95,7 +102,7 @@ class DecodeKernels:
         heads, kv_heads, dim = shape
         (cos, sin), (q_norm, k_norm, eps), (keys, values) = tables, norms, cache
         q = torch.empty(qkv.shape[0], heads, dim, dtype=qkv.dtype)
-        self._lib.thermik_rope_store(
+        self._rope_store[qkv.dtype](
             qkv.data_ptr(),
             qkv.shape[0],
             heads,

@@ -217,6 +217,7 @@ class EmbeddedEngine:
         params = check_state(self.model, state)
         with self._model_lock:
             copy_state(params, state)
+            self.native.refresh()
             for slot in self._slots:  # cached prefixes of finished requests were computed by the old weights
                 if slot.request is None:
                     slot.tokens = []

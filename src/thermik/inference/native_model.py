@@ -5,8 +5,13 @@ objects, module hooks). This module runs the same arithmetic with a handful of f
 reading the weights of the HF model itself: the q/k/v and gate/up parameters are re-pointed to views of fused
 tensors, so a weight update copied into the model is seen here at once, with no re-fusing. Attention reads a
 `SlotKVCache`: row r of the batch is cache slot `slots[r]`; its query tokens sit at positions `starts[r] + t`.
-On a float32 CPU model a decode step (one token per row) runs the elementwise work of each layer in the fused
-C kernels of `cpu_kernels` (3 calls instead of ~15 ops); the matrix products stay in PyTorch either way.
+On a float32 or bfloat16 CPU model a decode step (one token per row) runs the elementwise work of each layer in
+the fused C kernels of `cpu_kernels` (3 calls instead of ~15 ops); the matrix products stay in PyTorch either way.
+
+bfloat16 (docs/inference.md, "Precision"): weights, activations and the KV cache are bfloat16, as in transformers'
+bfloat16 forward; the projections run on weights prepacked for oneDNN (`_Projection`); norms, RoPE, attention
+scores' softmax and everything the sampler does on the logits are computed in float32. The float32 path runs the
+same operations as before bfloat16 existed, so its results are unchanged bit for bit.
 """
 
 from __future__ import annotations
@@ -55,24 +60,69 @@ def _fuse_transposed(modules: list[torch.nn.Linear]) -> tuple[Tensor, Tensor | N
     return weight_t, bias
 
 
-def _project(x: Tensor, weight_t: Tensor, bias: Tensor | None = None) -> Tensor:
-    out = x @ weight_t
-    return out if bias is None else out + bias
+def _can_prepack(dtype: torch.dtype, device: torch.device) -> bool:
+    """oneDNN prepacked linear weights: bfloat16 on a CPU build with oneDNN (float32 keeps MKL's `x @ W^T`)."""
+    ops = getattr(torch.ops, "mkldnn", None)
+    return (
+        dtype == torch.bfloat16
+        and device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(ops, "_reorder_linear_weight")
+        and hasattr(ops, "_linear_pointwise")
+    )
+
+
+class _Projection:
+    """`x @ W^T (+ b)` over the fused, transposed weight of one or more HF linear modules (their parameters are views
+    of it). With `prepack` the weight is also kept in oneDNN's blocked layout: at decode shapes a bfloat16 product on
+    it is ~2x faster than `x @ W^T`, whose oneDNN call re-lays the weight out every time (benchmarks/README.md).
+    The prepacked copy is refreshed by `repack()` after the weights change."""
+
+    def __init__(self, modules: list[torch.nn.Linear], prepack: bool) -> None:
+        self.weight_t, self.bias = _fuse_transposed(modules)
+        self.prepack = prepack
+        self.packed: Tensor | None = None
+        self.repack()
+
+    def repack(self) -> None:
+        if self.prepack:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight_t.t().contiguous(), 1)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        out = x @ self.weight_t
+        return out if self.bias is None else out + self.bias
+
+    def fused(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """`residual + x @ W^T (+ b)` for 2-D x, with one BLAS call (addmm) where possible (the decode step)."""
+        if self.packed is not None:
+            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            return out if residual is None else residual.add_(out)
+        if residual is None:
+            return x @ self.weight_t if self.bias is None else torch.addmm(self.bias, x, self.weight_t)
+        out = torch.addmm(residual, x, self.weight_t)
+        if self.bias is not None:
+            out += self.bias
+        return out
 
 
 class _Layer:
     """Fused, transposed projections of one decoder layer (the HF parameters are views of them)."""
 
-    def __init__(self, layer: torch.nn.Module) -> None:
+    def __init__(self, layer: torch.nn.Module, prepack: bool) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.in_norm = layer.input_layernorm
         self.post_norm = layer.post_attention_layernorm
-        self.qkv_t, self.qkv_b = _fuse_transposed([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.o_t, self.o_b = _fuse_transposed([attn.o_proj])
+        self.qkv = _Projection([attn.q_proj, attn.k_proj, attn.v_proj], prepack)
+        self.o = _Projection([attn.o_proj], prepack)
         self.q_norm = getattr(attn, "q_norm", None)
         self.k_norm = getattr(attn, "k_norm", None)
-        self.gate_up_t, _ = _fuse_transposed([mlp.gate_proj, mlp.up_proj])
-        self.down_t, _ = _fuse_transposed([mlp.down_proj])
+        self.gate_up = _Projection([mlp.gate_proj, mlp.up_proj], prepack)
+        self.down = _Projection([mlp.down_proj], prepack)
+
+    def projections(self) -> tuple[_Projection, ...]:
+        return self.qkv, self.o, self.gate_up, self.down
 
 
 def _rms_norm(x: Tensor, norm: torch.nn.Module) -> Tensor:
@@ -98,7 +148,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, num_kv_heads: int)
         grouped.flatten(0, 1),
         k.flatten(0, 1).transpose(1, 2),
     )
-    return (scores.softmax(-1) @ v.flatten(0, 1)).view(batch, heads, 1, dim)
+    return (scores.float().softmax(-1).to(v.dtype) @ v.flatten(0, 1)).view(batch, heads, 1, dim)
 
 
 class NativeCausalLM:
@@ -118,18 +168,31 @@ class NativeCausalLM:
         inner = model.model
         self.embed = inner.embed_tokens
         self.final_norm = inner.norm
-        self.layers = [_Layer(layer) for layer in inner.layers]
-        self.lm_head_t, self.lm_head_b = _fuse_transposed([model.lm_head])  # tied: the embedding becomes a view too
-        device = self.lm_head_t.device
+        dtype, device = self.embed.weight.dtype, self.embed.weight.device
+        prepack = _can_prepack(dtype, device)
+        self.layers = [_Layer(layer, prepack) for layer in inner.layers]
+        self.lm_head = _Projection([model.lm_head], prepack)  # tied: the embedding becomes a view too
         positions = torch.arange(self.max_positions, device=device)[None]
-        probe = torch.zeros(1, dtype=self.lm_head_t.dtype, device=device)
-        cos, sin = inner.rotary_emb(probe, positions)
-        self._cos, self._sin = cos[0].contiguous(), sin[0].contiguous()  # [max_positions, head_dim]
-        fused = device.type == "cpu" and probe.dtype == torch.float32 and self.head_dim <= cpu_kernels.MAX_HEAD_DIM
+        # float32 tables for the C kernels; the PyTorch path uses them rounded to the model's dtype, as HF does
+        cos, sin = inner.rotary_emb(torch.zeros(1, device=device), positions)
+        self._cos32, self._sin32 = cos[0].contiguous(), sin[0].contiguous()  # [max_positions, head_dim]
+        self._cos, self._sin = self._cos32.to(dtype), self._sin32.to(dtype)
+        fused = device.type == "cpu" and dtype in cpu_kernels.DTYPES and self.head_dim <= cpu_kernels.MAX_HEAD_DIM
         self.kernels = cpu_kernels.load() if fused else None
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight_t.dtype
+
+    def refresh(self) -> None:
+        """Re-derive what is computed from the weights (the prepacked copies) after they were changed in place."""
+        for layer in self.layers:
+            for projection in layer.projections():
+                projection.repack()
+        self.lm_head.repack()
+
     def new_cache(self, num_slots: int, max_len: int) -> SlotKVCache:
-        weight = self.lm_head_t
+        weight = self.lm_head.weight_t
         return SlotKVCache(
             self.num_layers, num_slots, self.num_kv_heads, max_len, self.head_dim, weight.dtype, weight.device
         )
@@ -160,7 +223,7 @@ class NativeCausalLM:
         x = self.embed(tokens)
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.in_norm)
-            qkv = _project(h, layer.qkv_t, layer.qkv_b)
+            qkv = layer.qkv(h)
             qk, v = qkv.split(((nh + nkv) * hd, nkv * hd), dim=-1)
             qk = qk.view(batch, width, nh + nkv, hd)
             if layer.q_norm is not None:
@@ -169,12 +232,12 @@ class NativeCausalLM:
             v = v.view(batch, width, nkv, hd).transpose(1, 2)
             k_all, v_all = cache.write(i, rows, positions, k, v, span)
             attn = _attention(q, k_all, v_all, mask, nkv)
-            x = x + _project(attn.transpose(1, 2).reshape(batch, width, nh * hd), layer.o_t, layer.o_b)
+            x = x + layer.o(attn.transpose(1, 2).reshape(batch, width, nh * hd))
             h = _rms_norm(x, layer.post_norm)
-            gate, up = _project(h, layer.gate_up_t).chunk(2, dim=-1)
-            x = x + _project(F.silu(gate) * up, layer.down_t)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
         x = x[torch.arange(batch, device=device), last]
-        return _project(_rms_norm(x, self.final_norm), self.lm_head_t, self.lm_head_b).float()
+        return self.lm_head(_rms_norm(x, self.final_norm)).float()
 
     def _decode(self, tokens: Tensor, slots: Tensor | slice, positions: Tensor, cache: SlotKVCache) -> Tensor:
         """`forward` for one token per row (tokens [B]) with the fused CPU kernels; returns logits [B, V]."""
@@ -197,7 +260,7 @@ class NativeCausalLM:
         x = F.embedding(tokens, self.embed.weight)
         for i, layer in enumerate(self.layers):
             h = kernels.rms_norm(x, layer.in_norm.weight, layer.in_norm.variance_epsilon)
-            qkv = h @ layer.qkv_t if layer.qkv_b is None else torch.addmm(layer.qkv_b, h, layer.qkv_t)
+            qkv = layer.qkv.fused(h)
             qk_norm = (
                 (None, None, 0.0)
                 if layer.q_norm is None
@@ -205,17 +268,15 @@ class NativeCausalLM:
             )
             k_buf, v_buf = cache.keys[i], cache.values[i]
             q = kernels.rope_store(
-                qkv, (nh, nkv, hd), (self._cos, self._sin), positions, slot_ids, qk_norm, (k_buf, v_buf), hd**-0.5
+                qkv, (nh, nkv, hd), (self._cos32, self._sin32), positions, slot_ids, qk_norm, (k_buf, v_buf), hd**-0.5
             )
             keys, values = k_buf[slots, :, :span], v_buf[slots, :, :span]  # views for a slice, gathered for ids
-            scores = torch.bmm(q.view(batch * nkv, group, hd), keys.flatten(0, 1).transpose(1, 2)).add_(mask)
-            attn = (scores.softmax(-1) @ values.flatten(0, 1)).view(batch, nh * hd)
-            x = torch.addmm(x, attn, layer.o_t)
-            if layer.o_b is not None:
-                x += layer.o_b
+            # scores and their softmax in float32 (no-ops for a float32 model); probabilities back to the cache dtype
+            scores = torch.bmm(q.view(batch * nkv, group, hd), keys.flatten(0, 1).transpose(1, 2)).float().add_(mask)
+            attn = (scores.softmax(-1).to(values.dtype) @ values.flatten(0, 1)).view(batch, nh * hd)
+            x = layer.o.fused(attn, residual=x)
             h = kernels.rms_norm(x, layer.post_norm.weight, layer.post_norm.variance_epsilon)
-            gate, up = (h @ layer.gate_up_t).chunk(2, dim=-1)
-            x = torch.addmm(x, F.silu(gate).mul_(up), layer.down_t)
+            gate, up = layer.gate_up.fused(h).chunk(2, dim=-1)
+            x = layer.down.fused(F.silu(gate).mul_(up), residual=x)
         h = kernels.rms_norm(x, self.final_norm.weight, self.final_norm.variance_epsilon)
-        logits = h @ self.lm_head_t if self.lm_head_b is None else torch.addmm(self.lm_head_b, h, self.lm_head_t)
-        return logits.float()
+        return self.lm_head.fused(h).float()
