@@ -27,6 +27,7 @@ from torch import Tensor
 
 SOURCE = Path(__file__).with_name("kernels") / "decode.c"
 MAX_HEAD_DIM = 1024  # rope_head's stack buffer in decode.c
+MAX_GROUP_DIM = 4096  # query heads per KV head * head_dim: the bfloat16 attention's stack buffer
 # Not -ffast-math: a library linked with it turns on flush-to-zero for the whole process (denormals read as 0).
 # Reassociation alone lets the sums vectorize.
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros")
@@ -79,6 +80,9 @@ class DecodeKernels:
             rope.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _F, _P, _P, _I, _P, _F]
             rms.restype = rope.restype = None
             self._rms_norm[dtype], self._rope_store[dtype] = rms, rope
+        lib.thermik_decode_attention_bf16.argtypes = [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P]
+        lib.thermik_decode_attention_bf16.restype = None
+        self._lib = lib
 
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         """RMSNorm over the last dim of a contiguous [rows, dim] tensor."""
@@ -123,6 +127,21 @@ class DecodeKernels:
         )
         return q
 
+    def decode_attention(self, q: Tensor, cache: tuple[Tensor, Tensor], slots: Tensor, lengths: Tensor) -> Tensor:
+        """bfloat16 attention of one decode step: queries q [B, H, D] over the first lengths[b] positions of cache
+        slot slots[b] (caches [slots, KV, max_len, D]), scores and softmax in float32; returns [B, H, D]."""
+        keys, values = cache
+        batch, heads, dim = q.shape
+        kv_heads, max_len = keys.shape[1], keys.shape[2]
+        group = heads // kv_heads
+        scratch = torch.empty(group * (max_len + dim), dtype=torch.float32)
+        out = torch.empty_like(q)
+        self._lib.thermik_decode_attention_bf16(
+            q.data_ptr(), keys.data_ptr(), values.data_ptr(), slots.data_ptr(), lengths.data_ptr(),
+            0, batch, kv_heads, group, dim, max_len, scratch.data_ptr(), out.data_ptr(),
+        )  # fmt: skip
+        return out
+
 
 @cache
 def load() -> DecodeKernels | None:
@@ -144,3 +163,4 @@ def load() -> DecodeKernels | None:
             stacklevel=2,
         )
         return None
+

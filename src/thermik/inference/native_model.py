@@ -16,6 +16,8 @@ same operations as before bfloat16 existed, so its results are unchanged bit for
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -177,7 +179,9 @@ class NativeCausalLM:
         cos, sin = inner.rotary_emb(torch.zeros(1, device=device), positions)
         self._cos32, self._sin32 = cos[0].contiguous(), sin[0].contiguous()  # [max_positions, head_dim]
         self._cos, self._sin = self._cos32.to(dtype), self._sin32.to(dtype)
+        group_dim = self.num_heads // self.num_kv_heads * self.head_dim
         fused = device.type == "cpu" and dtype in cpu_kernels.DTYPES and self.head_dim <= cpu_kernels.MAX_HEAD_DIM
+        fused = fused and (dtype == torch.float32 or group_dim <= cpu_kernels.MAX_GROUP_DIM)
         self.kernels = cpu_kernels.load() if fused else None
 
     @property
@@ -253,10 +257,8 @@ class NativeCausalLM:
         if span > cache.max_len or int(slot_ids.max()) >= cache.num_slots:  # the C kernel writes without bounds checks
             raise IndexError(f"decode at position {span - 1} / slot {int(slot_ids.max())} is outside the KV cache")
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        group = nh // nkv
-        hidden = torch.arange(span)[None] > positions[:, None]  # [B, L]: keys after the row's own token
-        mask = torch.zeros(batch, span).masked_fill_(hidden, float("-inf"))
-        mask = mask[:, None, None].expand(batch, nkv, group, span).reshape(batch * nkv, group, span)
+        attend = self._attend_float32(slots, positions, span) if self.dtype == torch.float32 else None
+        lengths = positions + 1
         x = F.embedding(tokens, self.embed.weight)
         for i, layer in enumerate(self.layers):
             h = kernels.rms_norm(x, layer.in_norm.weight, layer.in_norm.variance_epsilon)
@@ -270,13 +272,29 @@ class NativeCausalLM:
             q = kernels.rope_store(
                 qkv, (nh, nkv, hd), (self._cos32, self._sin32), positions, slot_ids, qk_norm, (k_buf, v_buf), hd**-0.5
             )
-            keys, values = k_buf[slots, :, :span], v_buf[slots, :, :span]  # views for a slice, gathered for ids
-            # scores and their softmax in float32 (no-ops for a float32 model); probabilities back to the cache dtype
-            scores = torch.bmm(q.view(batch * nkv, group, hd), keys.flatten(0, 1).transpose(1, 2)).float().add_(mask)
-            attn = (scores.softmax(-1).to(values.dtype) @ values.flatten(0, 1)).view(batch, nh * hd)
+            if attend is None:  # bfloat16: one C call, scores and softmax in float32
+                attn = kernels.decode_attention(q, (k_buf, v_buf), slot_ids, lengths).view(batch, nh * hd)
+            else:
+                attn = attend(q, k_buf, v_buf)
             x = layer.o.fused(attn, residual=x)
             h = kernels.rms_norm(x, layer.post_norm.weight, layer.post_norm.variance_epsilon)
             gate, up = layer.gate_up.fused(h).chunk(2, dim=-1)
             x = layer.down.fused(F.silu(gate).mul_(up), residual=x)
         h = kernels.rms_norm(x, self.final_norm.weight, self.final_norm.variance_epsilon)
         return self.lm_head.fused(h).float()
+
+    def _attend_float32(self, slots: Tensor | slice, positions: Tensor, span: int) -> Callable[..., Tensor]:
+        """Decode attention of a float32 model in PyTorch: fn(q [B, H, D], layer's keys, values) -> [B, H * D].
+        Each KV head's query group is one small matmul (no repeated keys/values)."""
+        batch, nkv, hd = positions.shape[0], self.num_kv_heads, self.head_dim
+        group = self.num_heads // nkv
+        hidden = torch.arange(span)[None] > positions[:, None]  # [B, L]: keys after the row's own token
+        mask = torch.zeros(batch, span).masked_fill_(hidden, float("-inf"))
+        mask = mask[:, None, None].expand(batch, nkv, group, span).reshape(batch * nkv, group, span)
+
+        def attend(q: Tensor, k_buf: Tensor, v_buf: Tensor) -> Tensor:
+            keys, values = k_buf[slots, :, :span], v_buf[slots, :, :span]  # views for a slice, gathered for ids
+            scores = torch.bmm(q.view(batch * nkv, group, hd), keys.flatten(0, 1).transpose(1, 2)).add_(mask)
+            return (scores.softmax(-1) @ values.flatten(0, 1)).view(batch, nkv * group * hd)
+
+        return attend

@@ -95,3 +95,79 @@ DEFINE_ROPE_STORE(thermik_rope_store, rope_head, float)
 DEFINE_RMS_NORM(thermik_rms_norm_bf16, bf16, bf16_load, bf16_store)
 DEFINE_ROPE_HEAD(rope_head_bf16, thermik_rms_norm_bf16, bf16, bf16_load, bf16_store)
 DEFINE_ROPE_STORE(thermik_rope_store_bf16, rope_head_bf16, bf16)
+
+/* e^x for x <= 0 (Cephes' expf: Cody-Waite range reduction and a degree-6 polynomial, within 2 ulp): unlike libm's
+ * expf it vectorizes. x below -87 gives e^-87 (~1.6e-38), which is 0 next to the softmax's maximum term 1. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float r2 = r * r;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r2 + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* Softmax-weighted sum over the n cached rows of one KV head for its `group` queries qf [group, dim] (float32).
+ * Inlined with a constant `dim` for the common head sizes, so the dot products unroll into full vectors. */
+static inline void attend_head(const float *qf, const bf16 *keys, const bf16 *values, int64_t n, int64_t group,
+                               int64_t dim, int64_t stride, float *scores, float *acc) {
+    float row[1024];
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t i = 0; i < dim; i++) row[i] = bf16_load(keys[t * dim + i]);
+        for (int64_t g = 0; g < group; g++) {
+            float dot = 0.0f;
+            for (int64_t i = 0; i < dim; i++) dot += qf[g * dim + i] * row[i];
+            scores[g * stride + t] = dot;
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float *s = scores + g * stride, top = -INFINITY, sum = 0.0f;
+        for (int64_t t = 0; t < n; t++) top = s[t] > top ? s[t] : top;
+        for (int64_t t = 0; t < n; t++) {
+            s[t] = exp_nonpositive(s[t] - top);
+            sum += s[t];
+        }
+        float inv = 1.0f / sum;
+        for (int64_t t = 0; t < n; t++) s[t] *= inv;
+        for (int64_t i = 0; i < dim; i++) acc[g * dim + i] = 0.0f;
+    }
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t i = 0; i < dim; i++) row[i] = bf16_load(values[t * dim + i]);
+        for (int64_t g = 0; g < group; g++)
+            for (int64_t i = 0; i < dim; i++) acc[g * dim + i] += scores[g * stride + t] * row[i];
+    }
+}
+
+/* Attention of one decode step in bfloat16, softmax and sums in float32, for batch rows [row0, row1). Queries
+ * q [B, kv_heads * group, dim] (RoPE'd and scaled; the heads of KV head h are h * group .. h * group + group - 1)
+ * attend to the first len[b] positions of cache slot slot[b] (caches [slots, kv_heads, max_len, dim]); each key
+ * and value row is read once for the whole query group. Writes out [B, kv_heads * group, dim]. `scratch` holds
+ * group * (max_len + dim) floats per call (callers running row ranges in parallel pass separate scratch). */
+void thermik_decode_attention_bf16(const bf16 *q, const bf16 *k_cache, const bf16 *v_cache, const int64_t *slot,
+                                   const int64_t *len, int64_t row0, int64_t row1, int64_t kv_heads, int64_t group,
+                                   int64_t dim, int64_t max_len, float *scratch, bf16 *out) {
+    float qf[4096];
+    for (int64_t b = row0; b < row1; b++) {
+        for (int64_t h = 0; h < kv_heads; h++) {
+            const int64_t head0 = (b * kv_heads + h) * group, at = (slot[b] * kv_heads + h) * max_len * dim;
+            float *scores = scratch, *acc = scratch + group * max_len;
+            for (int64_t i = 0; i < group * dim; i++) qf[i] = bf16_load(q[head0 * dim + i]);
+            if (dim == 64)
+                attend_head(qf, k_cache + at, v_cache + at, len[b], group, 64, max_len, scores, acc);
+            else if (dim == 128)
+                attend_head(qf, k_cache + at, v_cache + at, len[b], group, 128, max_len, scores, acc);
+            else
+                attend_head(qf, k_cache + at, v_cache + at, len[b], group, dim, max_len, scores, acc);
+            for (int64_t i = 0; i < group * dim; i++) out[head0 * dim + i] = bf16_store(acc[i]);
+        }
+    }
+}
