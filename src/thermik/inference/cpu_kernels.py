@@ -163,4 +163,3 @@ def load() -> DecodeKernels | None:
             stacklevel=2,
         )
         return None
-

@@ -40,6 +40,7 @@ from thermik.inference.base import (
 from thermik.inference.hf_engine import HFEngine
 from thermik.inference.native_model import NativeCausalLM, unsupported_reason
 from thermik.inference.openmp import release_thread_pool
+from thermik.inference.precision import apply_precision
 from thermik.inference.sampling import process_logits, sample, token_logprobs
 from thermik.inference.weights import check_state, copy_state, load_state
 
@@ -508,8 +509,11 @@ class EmbeddedEngine:
         return None
 
 
-def embedded_engine(model: PreTrainedModel, **kwargs) -> EmbeddedEngine | HFEngine:
-    """The embedded engine for `model`: native continuous batching when supported, else transformers (warned)."""
+def embedded_engine(model: PreTrainedModel, precision: str = "model", **kwargs) -> EmbeddedEngine | HFEngine:
+    """The embedded engine for `model`: native continuous batching when supported, else transformers (warned).
+    `precision` ("model", "float32", "bfloat16", "auto"; inference/precision.py) casts `model` in place first: the
+    engine owns it."""
+    apply_precision(model, precision)
     reason = unsupported_reason(model)
     if reason is None:
         return EmbeddedEngine(model, **kwargs)

@@ -86,6 +86,7 @@ def _embedded_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: Inferenc
         seed=cfg.seed,
         detokenize=chat.tokenizer.decode,
         num_threads=cfg.num_threads,
+        precision=cfg.precision,
     )
 
 
