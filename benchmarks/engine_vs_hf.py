@@ -1,10 +1,16 @@
 """The embedded engine against transformers `generate`, session reuse against re-prefilling, weight-update cost.
 
-One process, one freshly initialised preset model (thermik.models.presets.init_model), three measurements:
+One process, one model: a freshly initialised preset (thermik.models.presets.init_model) or any local HF directory
+(`--model DIR`), in `--dtype` (float32 or bfloat16), three measurements:
 
 1. Throughput: `--batch` prompts, exactly `--max-tokens` sampled tokens each (no eos stop on either side),
    temperature 1, no top-k/top-p. transformers: `model.generate(do_sample=True, min_new_tokens=max_new_tokens)`
-   on the left-padded batch. thermik: `EmbeddedEngine.generate_batch`. Tokens/s = batch * max_tokens / wall time.
+   on the left-padded batch (its own copy of the weights). thermik: `EmbeddedEngine.generate_batch`. Tokens/s =
+   batch * max_tokens / wall time. `--single-stream` adds the same at batch 1 (and llama.cpp on `--gguf`, when
+   llama-cpp-python is installed). Then the roofline: each of the model's projections (q/k/v, o, gate/up, down,
+   lm head) timed alone as a matmul at the batch's shape in the model's dtype (the faster of `x @ W^T` and
+   oneDNN's prepacked linear); the roofline tok/s is batch / (the time of one decode step's matmuls), and thermik's
+   fraction of it is printed.
 2. Multi-turn: `--batch` concurrent 3-turn episodes (a `--context`-token prompt, `--turn-tokens` sampled
    tokens per turn, then a `--obs-tokens`-token observation), on the same engine with prefix/session reuse
    and with `reuse_prefixes=False` (every turn prefills the whole history).
@@ -15,12 +21,15 @@ Each measurement alternates the two sides `--repeats` times (so background load 
 the best run of each; the ratio is ours over the baseline's speed.
 
     python benchmarks/engine_vs_hf.py --preset qwen2-5m --batch 64 --max-tokens 64
+    python benchmarks/engine_vs_hf.py --model /work/models/SmolLM2-135M-Instruct --dtype bfloat16 \
+        --max-tokens 128 --single-stream --only throughput
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import statistics
 import tempfile
 import time
@@ -32,9 +41,11 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from thermik.inference.base import SamplingParams
 from thermik.inference.embedded import EmbeddedEngine
+from thermik.inference.native_model import can_prepack
 from thermik.models.presets import PRESETS, init_model
 
 PAD = 0
+WEIGHT_BYTES = 96 * 2**20  # weight copies cycled by the matmul microbenchmark: more than this CPU's 32 MiB L3
 
 
 def best_of(repeats: int, sides: dict[str, Callable[[], object]]) -> dict[str, float]:
@@ -77,21 +88,108 @@ def hf_generate(model: PreTrainedModel, batch: list[list[int]], max_tokens: int)
     assert out.shape[1] == width + max_tokens
 
 
-def throughput(model: PreTrainedModel, args: argparse.Namespace) -> None:
-    batch = prompts(args.batch, args.prompt_tokens, model.config.vocab_size, args.seed)
-    engine = EmbeddedEngine(model, eos_token_ids=(), pad_token_id=PAD, max_batch_size=args.batch)
-    params = [SamplingParams(max_tokens=args.max_tokens, temperature=1.0)] * len(batch)
+def throughput_row(model: PreTrainedModel, hf_model: PreTrainedModel, batch: int, args: argparse.Namespace) -> float:
+    """Print transformers vs thermik at `batch` prompts; return thermik's tok/s."""
+    prompt_ids = prompts(batch, args.prompt_tokens, model.config.vocab_size, args.seed)
+    engine = EmbeddedEngine(model, eos_token_ids=(), pad_token_id=PAD, max_batch_size=batch)
+    params = [SamplingParams(max_tokens=args.max_tokens, temperature=1.0)] * batch
 
     def ours() -> None:
-        gens = engine.generate_batch(batch, params)
+        gens = engine.generate_batch(prompt_ids, params)
         assert all(len(g.token_ids) == args.max_tokens for g in gens)
 
-    hf_side = lambda: hf_generate(model, batch, args.max_tokens)  # noqa: E731
+    hf_side = lambda: hf_generate(hf_model, prompt_ids, args.max_tokens)  # noqa: E731
     best = best_of(args.repeats, {"transformers generate": hf_side, "thermik": ours})
-    tokens = args.batch * args.max_tokens
+    asyncio.run(engine.close())
+    tokens = batch * args.max_tokens
     hf, th = tokens / best["transformers generate"], tokens / best["thermik"]
-    print(f"throughput ({args.preset}, batch {args.batch}, {args.max_tokens} sampled tokens, best of {args.repeats}):")
+    shape = f"batch {batch}, {args.max_tokens} sampled tokens"
+    print(f"throughput ({args.name}, {args.dtype}, {shape}, best of {args.repeats}):")
     print(f"  transformers generate {hf:8.0f} tok/s   thermik embedded {th:8.0f} tok/s   ratio {th / hf:.2f}x")
+    return th
+
+
+def projection_shapes(model: PreTrainedModel) -> list[tuple[str, int, int, int]]:
+    """(name, in, out, count per decode step) of the matmuls of one decode step (fused as the engine runs them)."""
+    cfg = model.config
+    heads, hidden = cfg.num_attention_heads, cfg.hidden_size
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+    layers = cfg.num_hidden_layers
+    return [
+        ("q/k/v", hidden, (heads + 2 * kv_heads) * head_dim, layers),
+        ("o", heads * head_dim, hidden, layers),
+        ("gate/up", hidden, 2 * cfg.intermediate_size, layers),
+        ("down", cfg.intermediate_size, hidden, layers),
+        ("lm head", hidden, cfg.vocab_size, 1),
+    ]
+
+
+def matmul_seconds(rows: int, k: int, n: int, dtype: torch.dtype, repeats: int) -> float:
+    """Best time per `rows x k @ k x n` in `dtype`, plain torch or (bfloat16) oneDNN's prepacked linear. The calls
+    cycle through copies of the weight filling WEIGHT_BYTES (more than the last-level cache), so weights come from
+    memory as in a decode step, where the whole model is read once per step."""
+    x, size = torch.randn(rows, k).to(dtype), k * n * torch.finfo(dtype).bits // 8
+    weights = [torch.randn(n, k).to(dtype) for _ in range(max(1, -(-WEIGHT_BYTES // size)))]
+    plain = [w.t().contiguous() for w in weights]
+    sides = {"matmul": lambda: [x @ w for w in plain]}
+    if can_prepack(dtype, x.device):
+        packed = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
+        sides["prepacked"] = lambda: [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in packed]
+    with torch.inference_mode():
+        best = best_of(repeats, sides)
+    return min(best.values()) / len(weights)
+
+
+def roofline(model: PreTrainedModel, batch: int, args: argparse.Namespace) -> float:
+    """Print the matmul microbenchmark at the model's projection shapes; return the roofline tok/s at `batch`."""
+    dtype = next(model.parameters()).dtype
+    step, flops = 0.0, 0.0
+    print(f"matmuls of one decode step at batch {batch} ({args.dtype}):")
+    for name, k, n, count in projection_shapes(model):
+        seconds = matmul_seconds(batch, k, n, dtype, args.repeats)
+        step += count * seconds
+        flops += count * 2 * batch * k * n
+        print(f"  {name:8s} {batch:4d} x {k:5d} @ {k:5d} x {n:6d}  {2 * batch * k * n / seconds / 1e9:7.0f} GFLOP/s")
+    rate = batch / step
+    print(f"  {flops / batch / 1e9:.3f} GFLOP/token; all matmuls {step * 1e3:.2f} ms/step -> roofline {rate:.0f} tok/s")
+    return rate
+
+
+def llama_cpp_row(args: argparse.Namespace, ours: float) -> None:
+    """llama.cpp on `--gguf` at batch 1, skipped (said so) without llama-cpp-python or a GGUF file."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        print("  llama.cpp: skipped (llama-cpp-python is not installed)")
+        return
+    if not args.gguf or not Path(args.gguf).is_file():
+        print("  llama.cpp: skipped (no --gguf file)")
+        return
+    llm = Llama(model_path=args.gguf, n_ctx=args.prompt_tokens + args.max_tokens + 8, n_threads=torch.get_num_threads(),
+                verbose=False)  # fmt: skip
+    prompt = prompts(1, args.prompt_tokens, llm.n_vocab(), args.seed)[0]
+
+    def run() -> None:
+        llm.reset()
+        for n, _ in enumerate(llm.generate(prompt, temp=1.0, top_k=0, top_p=1.0)):
+            if n + 1 >= args.max_tokens:
+                break
+
+    rate = args.max_tokens / best_of(args.repeats, {"llama.cpp": run})["llama.cpp"]
+    print(f"  llama.cpp {rate:8.0f} tok/s   thermik/llama.cpp {ours / rate:.2f}x (target >= 0.6x)")
+
+
+def throughput(model: PreTrainedModel, args: argparse.Namespace) -> None:
+    hf_model = copy.deepcopy(model)  # transformers runs on its own weights (the engine re-lays out the model's)
+    batches = [args.batch, 1] if args.single_stream and args.batch != 1 else [args.batch]
+    for batch in batches:
+        ours = throughput_row(model, hf_model, batch, args)
+        if args.roofline:
+            rate = roofline(model, batch, args)
+            print(f"  thermik {ours:.0f} tok/s = {ours / rate:.1%} of the roofline")
+        if batch == 1:
+            llama_cpp_row(args, ours)
 
 
 async def episode(engine: EmbeddedEngine, context: list[int], args: argparse.Namespace, k: int) -> int:
@@ -150,6 +248,11 @@ def weight_update(model: PreTrainedModel, args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="qwen2-5m", choices=sorted(PRESETS))
+    parser.add_argument("--model", default="", help="a local HF model directory instead of a fresh --preset")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--single-stream", action="store_true", help="also measure throughput at batch 1")
+    parser.add_argument("--no-roofline", dest="roofline", action="store_false", help="skip the matmul roofline")
+    parser.add_argument("--gguf", default="", help="a GGUF file of the same model for the llama.cpp batch-1 row")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=32)
@@ -166,10 +269,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    args.name = Path(args.model).name if args.model else args.preset
     with tempfile.TemporaryDirectory() as tmp:
-        path = init_model(args.preset, Path(tmp) / args.preset, seed=args.seed)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+        path = args.model or init_model(args.preset, Path(tmp) / args.preset, seed=args.seed)
+        dtype = getattr(torch, args.dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.name} in {args.dtype}")
     for name, fn in (("throughput", throughput), ("multi_turn", multi_turn), ("weight_update", weight_update)):
         if not args.only or name in args.only:
             fn(model, args)

@@ -62,7 +62,7 @@ def _fuse_transposed(modules: list[torch.nn.Linear]) -> tuple[Tensor, Tensor | N
     return weight_t, bias
 
 
-def _can_prepack(dtype: torch.dtype, device: torch.device) -> bool:
+def can_prepack(dtype: torch.dtype, device: torch.device) -> bool:
     """oneDNN prepacked linear weights: bfloat16 on a CPU build with oneDNN (float32 keeps MKL's `x @ W^T`)."""
     ops = getattr(torch.ops, "mkldnn", None)
     return (
@@ -171,7 +171,7 @@ class NativeCausalLM:
         self.embed = inner.embed_tokens
         self.final_norm = inner.norm
         dtype, device = self.embed.weight.dtype, self.embed.weight.device
-        prepack = _can_prepack(dtype, device)
+        prepack = can_prepack(dtype, device)
         self.layers = [_Layer(layer, prepack) for layer in inner.layers]
         self.lm_head = _Projection([model.lm_head], prepack)  # tied: the embedding becomes a view too
         positions = torch.arange(self.max_positions, device=device)[None]
