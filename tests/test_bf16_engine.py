@@ -149,3 +149,19 @@ def test_precision_names() -> None:
     assert precision.resolve_precision("bfloat16", torch.float32, cpu)[0] == torch.bfloat16
     with pytest.raises(ValueError, match="valid precisions: model, float32, bfloat16, auto"):
         precision.resolve_precision("fp8", torch.float32, cpu)
+
+
+@pytest.fixture(scope="module")
+def engine_bench():
+    from tests.conftest import load_benchmark
+
+    yield from load_benchmark("engine_vs_hf")
+
+
+def test_engine_benchmark_roofline_counts_every_projection(engine_bench) -> None:
+    """The roofline's matmuls are the model's linear layers, each once per token (the tied lm head included)."""
+    model = tiny_model("llama")
+    flops = sum(2 * k * n * count for _, k, n, count in engine_bench.projection_shapes(model))
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert flops == 2 * linear
+    assert engine_bench.matmul_seconds(4, 64, 96, torch.bfloat16, repeats=1) > 0
