@@ -33,7 +33,7 @@ import httpx
 
 from thermik.config.loader import dump_toml, load_config
 from thermik.config.schema import RunConfig
-from thermik.training.rl import run_rl
+from thermik.runs.local import run_rl
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "calculator" / "rl.toml"
 

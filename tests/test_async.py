@@ -11,9 +11,9 @@ import pytest
 from tests.test_grpo_learns import lowercase_run_config
 from thermik.data.sampler import PromptSampler
 from thermik.envs.registry import register, unregister
+from thermik.rollout.group_producer import GroupProducer
 from thermik.rollout.trajectory import Trajectory
-from thermik.training.group_producer import GroupProducer
-from thermik.training.rl import run_rl
+from thermik.runs.local import run_rl
 
 ROWS = [{"prompt": [{"role": "user", "content": str(i)}]} for i in range(10)]
 

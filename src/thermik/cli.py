@@ -53,28 +53,28 @@ def _run_configured(
 
 def _cmd_rl(cfg: RunConfig) -> None:
     if cfg.distributed.enabled:  # trainer workers and engines as Ray actors
-        from thermik.distributed.rl import run_rl
+        from thermik.runs.ray import run_rl
     else:
-        from thermik.training.rl import run_rl
+        from thermik.runs.local import run_rl
 
     run_rl(cfg)
 
 
 def _cmd_sft(cfg: SFTConfig) -> None:
-    from thermik.training.sft import run_sft
+    from thermik.runs.sft import run_sft
 
     print(json.dumps(run_sft(cfg)))
 
 
 def _cmd_eval(cfg: RunConfig) -> None:
-    from thermik.training.evaluate_model import run_eval
+    from thermik.runs.eval import run_eval
 
     print(json.dumps(run_eval(cfg)))
 
 
 def _cmd_trainer(cfg: RunConfig) -> None:
-    from thermik.training.split.protocol import SplitTimeout
-    from thermik.training.split.trainer import run_trainer
+    from thermik.runs.split_protocol import SplitTimeout
+    from thermik.runs.split_trainer import run_trainer
 
     try:
         print(json.dumps(run_trainer(cfg)))
@@ -83,8 +83,8 @@ def _cmd_trainer(cfg: RunConfig) -> None:
 
 
 def _cmd_orchestrator(cfg: RunConfig) -> None:
-    from thermik.training.split.orchestrator import run_orchestrator
-    from thermik.training.split.protocol import SplitTimeout
+    from thermik.runs.split_orchestrator import run_orchestrator
+    from thermik.runs.split_protocol import SplitTimeout
 
     try:
         print(json.dumps(run_orchestrator(cfg)))

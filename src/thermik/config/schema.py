@@ -422,7 +422,7 @@ class RunConfig(Section):
         return self
 
     def _check_ray_loop(self) -> None:
-        """What `thermik rl` on Ray (thermik.distributed.rl) does not run yet, named with the way out."""
+        """What `thermik rl` on Ray (thermik.runs.ray) does not run yet, named with the way out."""
         alg = self.algorithm
         unsupported = {
             "algorithm.advantage='gae' (a critic)": alg.advantage == "gae",

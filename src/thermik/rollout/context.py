@@ -1,7 +1,7 @@
 """The rollout half of an RL run: engine, environments, prompt sampler; one step's sampling and held-out eval.
 
-`thermik rl` holds it together with the training half (`RLRun`); `thermik orchestrator` holds it alone and drives
-a remote inference server with it.
+Built by `runs.build.build_run`. The local and Ray run modes hold it beside the training half; the split
+orchestrator holds it alone and drives a remote inference server with it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class RolloutContext:
     limits: LoopLimits
 
 
-async def sample_step(ctx: RolloutContext, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
+async def sample_groups(ctx: RolloutContext, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
     """(all sampled trajectories, the training batch, metrics). With DAPO dynamic sampling the batch keeps only
     groups whose rewards differ: `filter` samples up to dynamic_sampling_max_rounds more rounds of prompts to
     fill prompts_per_step groups, `replace` duplicates kept groups instead."""
@@ -81,3 +81,10 @@ async def evaluate_held_out(ctx: RolloutContext, label: str, out_dir: Path) -> E
     dump_trajectories(out_dir / "trajectories" / f"eval_{label}.jsonl", trajs)
     (out_dir / f"eval_{label}.json").write_text(json.dumps(result.__dict__))
     return result
+
+
+def dump_step_trajectories(ctx: RolloutContext, step: int, sampled: list[Trajectory]) -> None:
+    """Every monitor.save_trajectories_every steps: the step's sampled episodes as trajectories/step_<n>.jsonl."""
+    every = ctx.cfg.monitor.save_trajectories_every
+    if every and (step + 1) % every == 0:
+        dump_trajectories(ctx.cfg.run_dir / "trajectories" / f"step_{step + 1}.jsonl", sampled)

@@ -1,9 +1,9 @@
 """A few GRPO steps on Ray from a config, then the weight-broadcast time of both sync methods.
 
-    python -m thermik.distributed.demo @ config.toml --distributed.num_trainers 2 --trainer.steps 3
+    python benchmarks/ray_demo.py @ config.toml --distributed.num_trainers 2 --trainer.steps 3
 
 Rollouts run on the engine actors (through EnginePool), the update on the data-parallel trainer workers.
-The step is `thermik rl --distributed.enabled true`'s own (thermik.distributed.rl.rl_step).
+The step is `thermik rl --distributed.enabled true`'s own (thermik.runs.step.rl_step with thermik.runs.ray.RayMode).
 """
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ import sys
 from thermik.config import load_config
 from thermik.config.schema import RunConfig
 from thermik.distributed.launch import DistributedRun, start
-from thermik.distributed.rl import RayRLRun, rl_step, setup
-from thermik.tools.mcp_pool import close_default_pool
+from thermik.runs.ray import RayMode, setup
 
 
-async def rl_steps(run: RayRLRun) -> list[dict[str, float]]:
-    """`thermik rl`'s Ray step (thermik.distributed.rl.rl_step) trainer.steps times, printed."""
+async def rl_steps(mode: RayMode) -> list[dict[str, float]]:
+    """`thermik rl`'s Ray step (RayMode.step: the one RL step core) trainer.steps times, printed."""
     history = []
-    for step in range(run.cfg.trainer.steps):
-        metrics = await rl_step(run, step)
+    for step in range(mode.cfg.trainer.steps):
+        metrics = await mode.step(step)
         history.append(metrics)
         print(
             f"step {step + 1}: reward {metrics['reward/mean']:.3f} loss {metrics['policy/loss']:+.4f} "
@@ -48,16 +47,17 @@ async def weight_sync_times(run: DistributedRun, repeats: int = 5) -> dict[str, 
 
 async def _main(cfg: RunConfig) -> None:
     dist = start(cfg)
+    mode = None
     try:
-        run = setup(cfg, dist)
-        await rl_steps(run)
-        run.logger.close()
+        mode = setup(cfg, dist)
+        await rl_steps(mode)
         if cfg.distributed.num_engines:
             for method, seconds in (await weight_sync_times(dist)).items():
                 print(f"weight sync {method}: {seconds * 1000:.1f} ms (median of 5)")
     finally:
+        if mode is not None:
+            await mode.run.close(engine=False)
         dist.shutdown()
-        await close_default_pool()
 
 
 def main(argv: list[str] | None = None) -> int:
