@@ -15,7 +15,7 @@ from typing import Any
 from thermik.config.schema import EnvConfig
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.tool_use import ServerTools
-from thermik.tools.servers.calculator import TOOL_NAME, server_spec
+from thermik.tasks.calculator.server import TOOL_NAME, server_spec
 
 CALCULATE_SCHEMA: dict[str, Any] = {
     "type": "function",

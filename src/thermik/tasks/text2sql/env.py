@@ -21,8 +21,8 @@ from thermik.config.schema import EnvConfig
 from thermik.envs.answers import normalize_answer, numbers_match, tagged_answer, to_number
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.tool_use import ServerTools, function_schema
-from thermik.tools.servers import sql as sql_server
-from thermik.tools.servers.shop_db import QueryResult, ReadOnlyDatabase, SQLError, database_path
+from thermik.tasks.text2sql import server as sql_server
+from thermik.tasks.text2sql.shop_db import QueryResult, ReadOnlyDatabase, SQLError, database_path
 
 SQL_TOOLS: list[dict[str, Any]] = [
     function_schema("list_tables", "List the tables of the database.", {}, []),

@@ -1,6 +1,6 @@
 """A misbehaving MCP server for fault tests: crashes, hangs, floods, emits bad bytes, keeps file state.
 
-Run: `python -m thermik.tools.servers.faulty [--crash-after N] [--state-file PATH]
+Run: `python -m thermik.tools.faulty_server [--crash-after N] [--state-file PATH]
 [--transport stdio|streamable-http --port P]`.
 
 Tools: `echo(text)`, `add(a, b)`, `sleep(seconds)` (async: the server stays responsive),
@@ -24,7 +24,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from thermik.tools.mcp_pool import ServerSpec
 
-MODULE = "thermik.tools.servers.faulty"
+MODULE = "thermik.tools.faulty_server"
 
 
 def server_spec(*extra_args: str, data_path: str | None = None, name: str = "faulty") -> ServerSpec:

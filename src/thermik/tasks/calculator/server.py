@@ -1,6 +1,6 @@
 """Calculator MCP server (stdio): one tool, `calculate(expression) -> str`.
 
-Run: `python -m thermik.tools.servers.calculator [--latency SECONDS]`. The latency option
+Run: `python -m thermik.tasks.calculator.server [--latency SECONDS]`. The latency option
 sleeps before each answer, to simulate slow tools.
 """
 
@@ -23,7 +23,7 @@ TOOL_DESCRIPTION = "Evaluate an arithmetic expression (+ - * / // % **, parenthe
 
 def server_spec(latency_s: float = 0.0) -> ServerSpec:
     """How MCPPool launches this server with the current interpreter."""
-    args = ["-m", "thermik.tools.servers.calculator"]
+    args = ["-m", "thermik.tasks.calculator.server"]
     if latency_s > 0:
         args += ["--latency", repr(float(latency_s))]
     # The SDK passes only a safe subset of our environment; keep PYTHONPATH so a source checkout imports.

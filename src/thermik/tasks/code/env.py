@@ -19,7 +19,7 @@ from typing import Any
 from thermik.config.schema import EnvConfig
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.tool_use import ServerTools, function_schema
-from thermik.tools.servers import python_sandbox
+from thermik.tasks.code import server as python_sandbox
 
 RUN_PYTHON_TOOL = function_schema(
     python_sandbox.TOOL_NAME,

@@ -16,7 +16,7 @@ from thermik.config.schema import EnvConfig
 from thermik.envs.answers import exact_match, tagged_answer
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.tool_use import ServerTools, function_schema
-from thermik.tools.servers import search as search_server
+from thermik.tasks.search import server as search_server
 
 SEARCH_TOOLS: list[dict[str, Any]] = [
     function_schema(
