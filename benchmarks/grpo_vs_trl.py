@@ -47,7 +47,7 @@ from thermik.config.schema import (
     TrainerConfig,
 )
 from thermik.data.synthetic import generate_rows
-from thermik.envs.reverse_text import reversal_reward
+from thermik.tasks.reverse_text.env import reversal_reward
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.models.presets import init_model
 from thermik.training.rl import RLRun, rl_step, setup

@@ -25,7 +25,7 @@ from thermik.config.schema import EnvConfig
 from thermik.envs.registry import make
 from thermik.tools.mcp_pool import MCPPool, close_default_pool
 from thermik.tools.parsers import format_hermes_tool_call
-from thermik.tools.servers.calculator import TOOL_NAME, server_spec
+from thermik.tasks.calculator.server import TOOL_NAME, server_spec
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from thermik.config.schema import EnvConfig
 from thermik.data.synthetic import generate_rows, solve
 from thermik.envs.answers import exact_match, extract_lenient, extract_strict, normalize_answer, numbers_match
 from thermik.envs.base import Env
-from thermik.envs.code import harness
-from thermik.envs.math_feedback import FEEDBACK
+from thermik.tasks.code.env import harness
+from thermik.tasks.math_feedback.env import FEEDBACK
 from thermik.envs.registry import make
 from thermik.tools.mcp_pool import close_default_pool
 from thermik.tools.parsers import format_hermes_tool_call
@@ -229,7 +229,7 @@ def test_code_solution_cannot_fake_the_score_or_patch_exec(runner):
 
 
 def test_code_harness_reports_a_solution_that_does_not_load():
-    from thermik.tools.servers.sandbox_runner import SandboxLimits, run_python
+    from thermik.tasks.code.sandbox_runner import SandboxLimits, run_python
 
     result = run_python(harness("def f(:\n", ["assert f() == 1"], "MARK"), SandboxLimits())
     assert "solution failed to load" in result.stdout and "MARK 0/1" in result.stdout

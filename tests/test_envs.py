@@ -11,9 +11,9 @@ import pytest
 from thermik.config.schema import EnvConfig
 from thermik.data.synthetic import generate_rows, solve
 from thermik.envs.base import Env, StepOutput
-from thermik.envs.calculator import CALCULATE_SCHEMA, CalculatorEnv
+from thermik.tasks.calculator.env import CALCULATE_SCHEMA, CalculatorEnv
 from thermik.envs.registry import ENVIRONMENTS, make, register, resolve, unregister
-from thermik.envs.reverse_text import ReverseTextEnv, reversal_reward
+from thermik.tasks.reverse_text.env import ReverseTextEnv, reversal_reward
 from thermik.tools.mcp_pool import close_default_pool
 from thermik.tools.parsers import format_hermes_tool_call
 
@@ -44,7 +44,7 @@ def runner() -> Iterator[asyncio.Runner]:
 def test_make_builtins_by_name_and_path():
     env = make("reverse_text", reward_spec={"ground_truth": "cba"})
     assert isinstance(env, ReverseTextEnv)
-    env = make("thermik.envs.calculator:CalculatorEnv", reward_spec={"ground_truth": 3}, options=EnvConfig())
+    env = make("thermik.tasks.calculator.env:CalculatorEnv", reward_spec={"ground_truth": 3}, options=EnvConfig())
     assert isinstance(env, CalculatorEnv)
 
 

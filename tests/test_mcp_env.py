@@ -20,7 +20,7 @@ from thermik.rollout.tokenization import ChatTokenizer
 from thermik.tools.local import ToolGroup
 from thermik.tools.mcp_pool import close_default_pool
 from thermik.tools.parsers import TOOL_CALL_FORMATTERS, ToolCall
-from thermik.tools.servers.faulty import MODULE
+from thermik.tools.faulty_server import MODULE
 from thermik.tools.toolbox import ToolLimitError
 
 LOCAL_TOOLS = ToolGroup("local")
@@ -193,7 +193,7 @@ def test_episode_with_bad_calls_gets_error_observations_and_zero_reward():
 def test_calculator_rows_replay_through_the_mcp_env_with_the_calculator_server():
     """The spine's calculator rows and solutions, unchanged, earn reward 1 through MCPToolEnv (and 0 when wrong)."""
     rows = generate_rows("calculator", 3, seed=1, split="eval")
-    options = EnvConfig(name="mcp", mcp_servers=[f"calculator={sys.executable} -m thermik.tools.servers.calculator"])
+    options = EnvConfig(name="mcp", mcp_servers=[f"calculator={sys.executable} -m thermik.tasks.calculator.server"])
     for row in rows:
         texts = [m["content"] for m in solve(row) if m["role"] == "assistant"]
         traj, _, first_prompt = _episode(texts, {**row, "extra_info": {}}, options)

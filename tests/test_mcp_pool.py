@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from thermik.tools.mcp_pool import HttpServerSpec, MCPPool, close_default_pool, configure_default_pool, default_pool
-from thermik.tools.servers.faulty import MODULE, server_spec
+from thermik.tools.faulty_server import MODULE, server_spec
 
 
 def _free_port() -> int:
@@ -173,7 +173,7 @@ _ORPHAN_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys, psutil
     from thermik.tools.mcp_pool import MCPPool
-    from thermik.tools.servers.faulty import server_spec
+    from thermik.tools.faulty_server import server_spec
 
     async def main():
         pool = MCPPool()

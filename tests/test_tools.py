@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from thermik.tools.arith import MAX_EXPONENT, ArithError, evaluate, format_number
 from thermik.tools.mcp_pool import MCPPool, ServerSpec, close_default_pool, default_pool
 from thermik.tools.parsers import ToolCall, format_hermes_tool_call, parse_hermes_tool_calls
-from thermik.tools.servers.calculator import server_spec
+from thermik.tasks.calculator.server import server_spec
 
 # ---------------------------------------------------------------- parser
 
@@ -267,7 +267,7 @@ def test_server_runs_as_module_and_rejects_negative_latency():
     import subprocess
 
     out = subprocess.run(
-        [sys.executable, "-m", "thermik.tools.servers.calculator", "--latency", "-1"],
+        [sys.executable, "-m", "thermik.tasks.calculator.server", "--latency", "-1"],
         capture_output=True,
         text=True,
         timeout=30,

@@ -11,7 +11,7 @@ import pytest
 from thermik.tools.local import ToolGroup, parse_docstring, tool
 from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import ToolCall
-from thermik.tools.servers.faulty import server_spec
+from thermik.tools.faulty_server import server_spec
 from thermik.tools.toolbox import Toolbox, ToolNameCollision
 
 

@@ -115,7 +115,7 @@ def _cmd_model(argv: list[str]) -> int:
 
 
 def _cmd_synthesize(argv: list[str]) -> int:
-    from thermik.data.synthetic import GENERATORS
+    from thermik.tasks.registry import GENERATORS
 
     p = argparse.ArgumentParser(prog="thermik synthesize", description="Write dataset rows and solved conversations.")
     p.add_argument("--env", choices=sorted(GENERATORS), help="Environment whose generator to use.")

@@ -2,8 +2,8 @@
 
 For each request the model sees a few rule-generated rows of the environment as examples and is asked
 for one new problem as a JSON object. Every reply is checked before it becomes a row by the task's own
-`LLMTask.to_row` (thermik.tasks.gsm8k.llm, thermik.tasks.text2sql.llm). Rejected replies are counted, never silently kept. Problems are split into
-train/eval by `split_of`, like rule-generated ones.
+`LLMTask.to_row` (thermik.tasks.gsm8k.llm, thermik.tasks.text2sql.llm). Rejected replies are counted, never
+silently kept. Problems are split into train/eval by `split_of`, like rule-generated ones.
 """
 
 from __future__ import annotations

@@ -9,21 +9,17 @@ name table in as `builtins` (this package never imports thermik.tasks).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 from thermik.config.schema import EnvConfig
 from thermik.envs.base import Env
+from thermik.tools.mcp_pool import MCPPool
 
 BUILTIN_ENVIRONMENTS: dict[str, str] = {
-    "reverse_text": "thermik.tasks.reverse_text.env:ReverseTextEnv",
-    "calculator": "thermik.tasks.calculator.env:CalculatorEnv",
-    "gsm8k": "thermik.tasks.gsm8k.env:GSM8KEnv",
-    "math_feedback": "thermik.tasks.math_feedback.env:MathFeedbackEnv",
-    "text2sql": "thermik.tasks.text2sql.env:Text2SQLEnv",
-    "search": "thermik.tasks.search.env:SearchEnv",
-    "code": "thermik.tasks.code.env:CodeEnv",
     "mcp": "thermik.envs.mcp_tool_env:MCPToolEnv",
 }
+"""The envs of this package; the built-in tasks' envs are in thermik.tasks.registry.TASKS."""
 SKYRL_GYM_PREFIX = "skyrl_gym:"
 """`skyrl_gym:<name>` runs skyrl-gym environment <name> unchanged (thermik.envs.skyrl_gym)."""
 

@@ -66,7 +66,9 @@ TASKS: dict[str, Task] = {
     ),
     # skyrl-gym's gsm8k reads the same rows (reward_spec.ground_truth, a numeric string); its env is skyrl-gym's.
     "skyrl_gym:gsm8k": Task(None, Generator(math_problem, functools.partial(math_row, "skyrl_gym:gsm8k"), math_solve)),
-    "text2sql": Task("thermik.tasks.text2sql.env:Text2SQLEnv", Generator(sql_problem, sql_row, sql_solve), SQL_LLM_TASK),
+    "text2sql": Task(
+        "thermik.tasks.text2sql.env:Text2SQLEnv", Generator(sql_problem, sql_row, sql_solve), SQL_LLM_TASK
+    ),
     "search": Task("thermik.tasks.search.env:SearchEnv", Generator(search_problem, search_row, search_solve)),
     "code": Task("thermik.tasks.code.env:CodeEnv", Generator(code_problem, code_row, code_solve)),
 }

@@ -11,9 +11,9 @@ import argparse
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from thermik.tools.mcp_pool import ServerSpec
 from thermik.tasks.search.corpus import default_index, format_results
 from thermik.tools.launch import module_server_spec
+from thermik.tools.mcp_pool import ServerSpec
 
 MAX_K = 10
 DEFAULT_K = 3
