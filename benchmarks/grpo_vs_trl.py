@@ -46,7 +46,7 @@ from thermik.config.schema import (
     SamplingConfig,
     TrainerConfig,
 )
-from thermik.data.synthetic import generate_rows
+from thermik.tasks.registry import generate_rows
 from thermik.tasks.reverse_text.env import reversal_reward
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.models.presets import init_model

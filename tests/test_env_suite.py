@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thermik.config.schema import EnvConfig
-from thermik.data.synthetic import generate_rows, solve
+from thermik.tasks.registry import generate_rows, solve
 from thermik.envs.answers import exact_match, extract_lenient, extract_strict, normalize_answer, numbers_match
 from thermik.envs.base import Env
 from thermik.tasks.code.env import harness

@@ -11,7 +11,7 @@ import pytest
 from test_rollout import ScriptedEngine
 
 from thermik.config.schema import EnvConfig, SamplingConfig
-from thermik.data.synthetic import generate_rows, solve
+from thermik.tasks.registry import generate_rows, solve
 from thermik.envs.mcp_tool_env import MCPToolEnv, episode_reward, sequence_score, values_match
 from thermik.envs.registry import make
 from thermik.models.tokenizer import build_tokenizer

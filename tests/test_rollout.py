@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from thermik.config.schema import EnvConfig, RolloutConfig, SamplingConfig
-from thermik.data.synthetic import generate_rows, solve
+from thermik.tasks.registry import generate_rows, solve
 from thermik.envs.registry import make
 from thermik.inference.base import Generation, SamplingParams
 from thermik.models.tokenizer import build_tokenizer

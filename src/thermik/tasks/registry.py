@@ -19,7 +19,7 @@ from thermik.config.schema import EnvConfig, LLMGeneratorConfig
 from thermik.data.llm_generate import LLMTask, generate_with_llm
 from thermik.data.split import Split, draw_problems
 from thermik.envs.base import Env, Message
-from thermik.envs.registry import make
+from thermik.envs import registry as env_registry
 from thermik.tasks.calculator.generate import calculator_problem, calculator_row, calculator_solve
 from thermik.tasks.code.generate import code_problem, code_row, code_solve
 from thermik.tasks.gsm8k.generate import math_problem, math_row, math_solve
@@ -89,9 +89,16 @@ def make_env(
 
     `pool` (the run's MCPPool) is passed to the envs that call MCP servers, and required by them.
     """
-    return make(
+    return env_registry.make(
         name_or_path, reward_spec=reward_spec, extra_info=extra_info, options=options, pool=pool, builtins=TASK_ENVS
     )
+
+
+def register(name: str, entry_point: str) -> None:
+    """Add a user environment (thermik.envs.registry.register); a built-in task's name is refused too."""
+    if name in TASK_ENVS:
+        raise ValueError(f"environment {name!r} is already registered (as {TASK_ENVS[name]!r})")
+    env_registry.register(name, entry_point)
 
 
 def _generator(env: str) -> Generator:
