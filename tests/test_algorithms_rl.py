@@ -11,10 +11,10 @@ import torch
 
 from thermik.config.schema import RunConfig
 from thermik.data.dataset import write_rows
-from thermik.tasks.registry import generate_rows
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.registry import register, unregister
 from thermik.models.loading import load_model
+from thermik.tasks.registry import generate_rows
 from thermik.training.rl import run_rl, setup
 
 

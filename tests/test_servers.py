@@ -10,12 +10,12 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.servers import python_sandbox, search, sql
-from thermik.tasks.search.corpus import build, default_index
+
 from thermik.tasks.code.sandbox_runner import SandboxLimits, network_namespace_available, run_python
+from thermik.tasks.search.corpus import build, default_index
 from thermik.tasks.text2sql.shop_db import DB_VERSION, ReadOnlyDatabase, SQLError, database_path
+from thermik.tools.mcp_pool import MCPPool
 
 LIMITS = SandboxLimits(wall_s=5, cpu_s=2, memory_mb=256)
 
