@@ -18,8 +18,8 @@ from typing import Any
 from thermik.config.schema import EnvConfig, LLMGeneratorConfig
 from thermik.data.llm_generate import LLMTask, generate_with_llm
 from thermik.data.split import Split, draw_problems
-from thermik.envs.base import Env, Message
 from thermik.envs import registry as env_registry
+from thermik.envs.base import Env, Message
 from thermik.tasks.calculator.generate import calculator_problem, calculator_row, calculator_solve
 from thermik.tasks.code.generate import code_problem, code_row, code_solve
 from thermik.tasks.gsm8k.generate import math_problem, math_row, math_solve
