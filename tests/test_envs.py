@@ -10,9 +10,9 @@ import pytest
 
 from thermik.config.schema import EnvConfig
 from thermik.envs.base import Env, StepOutput
-from thermik.envs.registry import ENVIRONMENTS, resolve, unregister
+from thermik.envs.registry import ENVIRONMENTS, resolve
 from thermik.tasks.calculator.env import CALCULATE_SCHEMA, CalculatorEnv
-from thermik.tasks.registry import generate_rows, register, solve
+from thermik.tasks.registry import generate_rows, register, solve, unregister
 from thermik.tasks.registry import make_env as make
 from thermik.tasks.reverse_text.env import ReverseTextEnv, reversal_reward
 from thermik.tools.mcp_pool import MCPPool
@@ -94,6 +94,8 @@ def test_register_user_env_and_reject_duplicates():
     finally:
         unregister("echo_test")
     assert "echo_test" not in ENVIRONMENTS
+    with pytest.raises(ValueError, match="cannot unregister built-in"):
+        unregister("calculator")
     with pytest.raises(ValueError, match=r"pkg\.mod:Class"):
         register("bad_entry", "not_a_path")
 

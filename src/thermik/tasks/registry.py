@@ -50,7 +50,6 @@ class Task:
     llm: LLMTask | None = None
 
 
-_MATH = Generator(math_problem, functools.partial(math_row, "gsm8k"), math_solve)
 TASKS: dict[str, Task] = {
     "calculator": Task(
         "thermik.tasks.calculator.env:CalculatorEnv", Generator(calculator_problem, calculator_row, calculator_solve)
@@ -58,7 +57,11 @@ TASKS: dict[str, Task] = {
     "reverse_text": Task(
         "thermik.tasks.reverse_text.env:ReverseTextEnv", Generator(reverse_problem, reverse_row, reverse_solve)
     ),
-    "gsm8k": Task("thermik.tasks.gsm8k.env:GSM8KEnv", _MATH, math_llm_task("gsm8k")),
+    "gsm8k": Task(
+        "thermik.tasks.gsm8k.env:GSM8KEnv",
+        Generator(math_problem, functools.partial(math_row, "gsm8k"), math_solve),
+        math_llm_task("gsm8k"),
+    ),
     "math_feedback": Task(
         "thermik.tasks.math_feedback.env:MathFeedbackEnv",
         Generator(math_problem, functools.partial(math_row, "math_feedback"), math_solve),
@@ -99,6 +102,13 @@ def register(name: str, entry_point: str) -> None:
     if name in TASK_ENVS:
         raise ValueError(f"environment {name!r} is already registered (as {TASK_ENVS[name]!r})")
     env_registry.register(name, entry_point)
+
+
+def unregister(name: str) -> None:
+    """Remove a user environment (thermik.envs.registry.unregister); built-in tasks stay."""
+    if name in TASK_ENVS:
+        raise ValueError(f"cannot unregister built-in environment {name!r}")
+    env_registry.unregister(name)
 
 
 def _generator(env: str) -> Generator:
