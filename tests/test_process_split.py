@@ -23,6 +23,7 @@ from thermik.config.schema import RunConfig, ServeConfig
 from thermik.inference.remote import WEIGHTS_FILE, write_safetensors
 from thermik.inference.server.app import build_app
 from thermik.rollout.trajectory import Trajectory
+from thermik.tools.mcp_pool import MCPPool
 from thermik.training.batch import collate
 from thermik.training.learner import save_checkpoint
 from thermik.training.split.orchestrator import load_new_weights, setup_orchestrator
@@ -104,7 +105,7 @@ def test_orchestrator_admits_steps_by_published_weights(tmp_path: Path, tiny_mod
         state = load_file(str(tiny_model_dir / "model.safetensors"))
 
         async def scenario() -> tuple[bool, dict[int, int], str]:
-            orch = await setup_orchestrator(cfg)
+            orch = await setup_orchestrator(cfg, MCPPool())  # reverse_text: no MCP server
             try:
                 await load_new_weights(orch, 1, 1)  # step 1 may use the weights of step 0: no wait
                 waiting = asyncio.create_task(load_new_weights(orch, 2, 1))  # needs weights/step_1
@@ -130,7 +131,7 @@ def test_orchestrator_admits_steps_by_published_weights(tmp_path: Path, tiny_mod
         write_json_atomic(SplitLayout(cfg.run_dir).orchestrator_state, {"next_step": 2, "sampler": {"position": 8}})
 
         async def restart() -> tuple[int, int, dict[int, int]]:
-            orch = await setup_orchestrator(cfg)
+            orch = await setup_orchestrator(cfg, MCPPool())  # reverse_text: no MCP server
             orch.logger.close()
             await orch.engine.close()
             return orch.start_step, orch.sampler.position, orch.step_of_version

@@ -29,7 +29,7 @@ from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.metrics import rollout_metrics
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import Trajectory, dump_trajectories
-from thermik.tools.mcp_pool import close_default_pool, configure_default_pool
+from thermik.tools.mcp_pool import MCPPool
 from thermik.training import components
 from thermik.training.batch import collate
 from thermik.training.rollout_context import RolloutContext, evaluate_held_out, sample_step
@@ -56,12 +56,11 @@ class Orchestrator(RolloutContext):
     step_of_version: dict[int, int] = field(default_factory=dict)  # server weight version -> trainer step
 
 
-async def setup_orchestrator(cfg: RunConfig) -> Orchestrator:
+async def setup_orchestrator(cfg: RunConfig, pool: MCPPool) -> Orchestrator:
     components.seed_everything(cfg.seed)
     layout = SplitLayout(cfg.run_dir)
     layout.orchestrator_dir.mkdir(parents=True, exist_ok=True)
     (layout.orchestrator_dir / "config.toml").write_text(dump_toml(cfg))
-    configure_default_pool(log_dir=cfg.run_dir / "logs")
     chat = ChatTokenizer(load_tokenizer(cfg.model.path))
     train_rows, held_out = components.load_datasets(cfg.data, cfg.env.name)
     inf = cfg.inference
@@ -75,7 +74,7 @@ async def setup_orchestrator(cfg: RunConfig) -> Orchestrator:
             stop_token_ids=chat.stop_ids,
             timeout_s=inf.timeout_s,
         ),
-        make_env=components.env_factory(cfg.env),
+        make_env=components.env_factory(cfg.env, pool),
         sampler=PromptSampler(train_rows, cfg.data.seed),
         held_out=held_out[: cfg.eval.size],
         limits=LoopLimits.from_config(cfg.rollout, cfg.env.max_turns),
@@ -201,7 +200,8 @@ async def orchestrator_step(orch: Orchestrator, step: int) -> dict[str, float]:
 
 
 async def orchestrate(cfg: RunConfig) -> dict[str, Any]:
-    orch = await setup_orchestrator(cfg)
+    pool = MCPPool(log_dir=cfg.run_dir / "logs")
+    orch = await setup_orchestrator(cfg, pool)
     steps = cfg.trainer.steps
     try:
         before = None
@@ -223,7 +223,7 @@ async def orchestrate(cfg: RunConfig) -> dict[str, Any]:
     finally:
         orch.logger.close()
         await orch.engine.close()
-        await close_default_pool()
+        await pool.aclose()
 
 
 def _as_dict(result: EvalResult | None) -> dict[str, Any] | None:
