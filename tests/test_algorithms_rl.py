@@ -11,11 +11,11 @@ import torch
 
 from thermik.config.schema import RunConfig
 from thermik.data.dataset import write_rows
-from thermik.data.synthetic import generate_rows
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.registry import register, unregister
 from thermik.models.loading import load_model
 from thermik.runs.local import run_rl, setup
+from thermik.tasks.registry import generate_rows
 
 
 class LetterShareEnv(Env):

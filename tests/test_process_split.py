@@ -17,6 +17,12 @@ import torch
 from conftest import cli_env, short_rl_config, thermik_argv
 from safetensors.torch import load_file
 from serving import embedded_engine, running, start_thermik_inference
+
+from thermik.config import ConfigError, dump_toml, load_config
+from thermik.config.schema import RunConfig, ServeConfig
+from thermik.inference.remote import WEIGHTS_FILE, write_safetensors
+from thermik.inference.server.app import build_app
+from thermik.rollout.trajectory import Trajectory
 from thermik.runs.split_orchestrator import load_new_weights, setup_orchestrator
 from thermik.runs.split_protocol import (
     DONE,
@@ -30,12 +36,6 @@ from thermik.runs.split_protocol import (
     write_json_atomic,
 )
 from thermik.runs.split_trainer import setup_trainer, train_split, wait_for_rollouts
-
-from thermik.config import ConfigError, dump_toml, load_config
-from thermik.config.schema import RunConfig, ServeConfig
-from thermik.inference.remote import WEIGHTS_FILE, write_safetensors
-from thermik.inference.server.app import build_app
-from thermik.rollout.trajectory import Trajectory
 from thermik.training.batch import collate
 from thermik.training.learner import save_checkpoint
 
