@@ -32,7 +32,7 @@ class RolloutContext:
     chat: ChatTokenizer
     engine: InferenceEngine
     make_env: EnvFactory
-    sampler: PromptSampler
+    sampler: PromptSampler | None  # None: evaluation only
     held_out: list[dict[str, Any]]
     limits: LoopLimits
 
@@ -46,6 +46,7 @@ async def sample_groups(ctx: RolloutContext, step: int) -> tuple[list[Trajectory
     extra_rounds = alg.dynamic_sampling_max_rounds if alg.dynamic_sampling == "filter" else 0
     sampled: list[Trajectory] = []
     for r in range(1 + extra_rounds):
+        assert ctx.sampler is not None, "sampling training groups needs the training rows"
         rows = ctx.sampler.next_batch(want)
         seed = cfg.seed * 1_000_003 + step * 10_007 + r * 7_919
         new = await rollout_rows(

@@ -150,16 +150,18 @@ def env_factory(cfg: EnvConfig, pool: MCPPool) -> EnvFactory:
     return build
 
 
-def load_datasets(cfg: DataConfig, env_name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train rows, held-out rows): from files, or synthesized from disjoint splits of the environment's generator."""
-    train = (
-        load_rows(cfg.train_path)
-        if cfg.train_path
-        else generate_rows(env_name, cfg.synthetic_train_size, cfg.seed, split="train")
-    )
+def load_datasets(
+    cfg: DataConfig, env_name: str, train: bool = True
+) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]]]:
+    """(train rows, held-out rows): from files, or synthesized from disjoint splits of the environment's generator.
+    train=False: held-out rows only (an evaluation needs no training set, nor a generator for one)."""
+    rows = None
+    if train:
+        synthetic = cfg.synthetic_train_size
+        rows = load_rows(cfg.train_path) if cfg.train_path else generate_rows(env_name, synthetic, cfg.seed, "train")
     held_out = (
         load_rows(cfg.eval_path)
         if cfg.eval_path
         else generate_rows(env_name, cfg.synthetic_eval_size, cfg.seed, split="eval")
     )
-    return train, held_out
+    return rows, held_out
