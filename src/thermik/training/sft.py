@@ -21,11 +21,11 @@ from thermik.atomic import publish_dir
 from thermik.config.loader import dump_toml
 from thermik.config.schema import InferenceConfig, SFTConfig
 from thermik.data.synthetic import generate_rows
-from thermik.eval.evaluate import EvalResult, evaluate
 from thermik.monitor.metrics import MetricsLogger
 from thermik.monitor.plots import plot_run
 from thermik.monitor.progress import StepProgress
 from thermik.rollout.agent_loop import LoopLimits
+from thermik.rollout.evaluation import EvalResult, evaluate
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import dump_trajectories
 from thermik.tools.mcp_pool import close_default_pool

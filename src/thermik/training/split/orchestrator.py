@@ -20,13 +20,13 @@ from thermik.atomic import write_json_atomic
 from thermik.config.loader import dump_toml
 from thermik.config.schema import RunConfig
 from thermik.data.sampler import PromptSampler
-from thermik.eval.evaluate import EvalResult
 from thermik.inference.remote import RemoteEngine
 from thermik.models.loading import load_tokenizer
 from thermik.monitor.metrics import MetricsLogger
 from thermik.monitor.plots import plot_run
 from thermik.monitor.progress import StepProgress
 from thermik.rollout.agent_loop import LoopLimits
+from thermik.rollout.evaluation import EvalResult
 from thermik.rollout.metrics import rollout_metrics
 from thermik.rollout.staleness import staleness_metrics, within_staleness
 from thermik.rollout.tokenization import ChatTokenizer
