@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from thermik.config.schema import RunConfig
-from thermik.eval.evaluate import evaluate
 from thermik.rollout.agent_loop import LoopLimits
+from thermik.rollout.evaluation import evaluate
 from thermik.tools.mcp_pool import MCPPool
 from thermik.training import components
 

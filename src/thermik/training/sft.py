@@ -11,20 +11,20 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from thermik.atomic import publish_dir
 from thermik.config.loader import dump_toml
 from thermik.config.schema import InferenceConfig, SFTConfig
-from thermik.eval.evaluate import EvalResult, evaluate
 from thermik.monitor.metrics import MetricsLogger
 from thermik.monitor.plots import plot_run
 from thermik.monitor.progress import StepProgress
 from thermik.rollout.agent_loop import LoopLimits
+from thermik.rollout.evaluation import EvalResult, evaluate
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import dump_trajectories
 from thermik.tasks.registry import generate_rows
@@ -144,12 +144,12 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
 
 def _save_model(model: torch.nn.Module, chat: ChatTokenizer, out: Path) -> None:
     """Atomic: a model directory is complete or absent."""
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    chat.tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        chat.tokenizer.save_pretrained(tmp)
+
+    publish_dir(out, write)
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, Any]:

@@ -16,17 +16,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thermik.atomic import write_json_atomic
 from thermik.config.loader import dump_toml
 from thermik.config.schema import RunConfig
 from thermik.data.sampler import PromptSampler
-from thermik.eval.evaluate import EvalResult
 from thermik.inference.remote import RemoteEngine
 from thermik.models.loading import load_tokenizer
 from thermik.monitor.metrics import MetricsLogger
 from thermik.monitor.plots import plot_run
 from thermik.monitor.progress import StepProgress
 from thermik.rollout.agent_loop import LoopLimits
+from thermik.rollout.evaluation import EvalResult
 from thermik.rollout.metrics import rollout_metrics
+from thermik.rollout.staleness import staleness_metrics, within_staleness
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import Trajectory, dump_trajectories
 from thermik.tools.mcp_pool import MCPPool
@@ -37,12 +39,10 @@ from thermik.training.split.protocol import (
     META_FILE,
     TRAJECTORIES_FILE,
     SplitLayout,
-    admitted,
     publish_dir,
     published_steps,
     save_batch,
     wait_until,
-    write_json_atomic,
 )
 
 
@@ -127,7 +127,7 @@ async def load_new_weights(orch: Orchestrator, step: int, max_off_policy_steps: 
 
     def ready() -> bool | None:
         newest = max(published_steps(orch.layout.weights), default=0)
-        return True if admitted(step, max(newest, orch.weight_step), max_off_policy_steps) else None
+        return True if within_staleness(max(newest, orch.weight_step), step, max_off_policy_steps) else None
 
     await wait_until(
         ready,
@@ -188,8 +188,7 @@ async def orchestrator_step(orch: Orchestrator, step: int) -> dict[str, float]:
     return {
         **rollout_metrics(sampled),
         **batch_metrics,
-        "async/staleness_mean": sum(stale) / len(stale),
-        "async/staleness_max": float(max(stale)),
+        **staleness_metrics(stale),
         "weights/step": float(orch.weight_step),
         "time/wait_weights": t_wait,
         "time/generate": t_generate,
