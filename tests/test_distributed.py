@@ -31,6 +31,7 @@ from thermik.runs import ray as ray_rl
 from thermik.training import components
 from thermik.training.batch import TokenBatch
 from thermik.training.checkpoint import load_training_state
+from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer
 from thermik.training.update import policy_update
 
@@ -85,7 +86,8 @@ def single_process_update(
     opt, sched = build_optimizer(model, trainer.optimizer)
     extra = load_training_state(checkpoint, model, opt)
     sched.load_state_dict(extra["scheduler"])
-    metrics = policy_update(model, None, copy.deepcopy(batch), alg, trainer, opt, sched, TEMPERATURE)
+    setup = LossSetup.from_config(alg, trainer, TEMPERATURE)
+    metrics = policy_update(model, None, copy.deepcopy(batch), setup, opt, sched)
     return model, metrics
 
 

@@ -18,10 +18,12 @@ from conftest import cli_env, short_rl_config, thermik_argv
 from safetensors.torch import load_file
 from serving import embedded_engine, running, start_thermik_inference
 
+from thermik.atomic import write_json_atomic
 from thermik.config import ConfigError, dump_toml, load_config
 from thermik.config.schema import RunConfig, ServeConfig
-from thermik.inference.remote import WEIGHTS_FILE, write_safetensors
 from thermik.inference.server.app import build_app
+from thermik.inference.weights import WEIGHTS_FILE, write_safetensors
+from thermik.rollout.staleness import within_staleness
 from thermik.rollout.trajectory import Trajectory
 from thermik.runs.split_orchestrator import load_new_weights, setup_orchestrator
 from thermik.runs.split_protocol import (
@@ -29,11 +31,9 @@ from thermik.runs.split_protocol import (
     META_FILE,
     SplitLayout,
     SplitTimeout,
-    admitted,
     publish_dir,
     published_steps,
     save_batch,
-    write_json_atomic,
 )
 from thermik.runs.split_trainer import setup_trainer, train_split, wait_for_rollouts
 from thermik.training.batch import collate
@@ -42,8 +42,9 @@ from thermik.training.learner import save_checkpoint
 
 def test_admission_rule() -> None:
     # synchronous: step s needs the weights of step s; one step off-policy: of step s - 1
-    assert admitted(0, 0, 0) and admitted(3, 3, 0) and not admitted(3, 2, 0)
-    assert admitted(3, 2, 1) and not admitted(3, 1, 1) and admitted(1, 0, 1)
+    # within_staleness(weights step, sampled step, k): the orchestrator may sample step s with weights of s - k
+    assert within_staleness(0, 0, 0) and within_staleness(3, 3, 0) and not within_staleness(2, 3, 0)
+    assert within_staleness(2, 3, 1) and not within_staleness(1, 3, 1) and within_staleness(0, 1, 1)
 
 
 def _batch(n: int = 2):
@@ -198,10 +199,10 @@ def test_inference_trainer_orchestrator_run_from_one_config(tmp_path: Path, tiny
     final = load_file(str(layout.weights_dir(3) / WEIGHTS_FILE))
     initial = load_file(str(tiny_model_dir / "model.safetensors"))
     assert any(not torch.equal(final[k], initial[k]) for k in final), "the trainer's weights did not change"
-    orch = [r for r in _records(layout.orchestrator_dir / "metrics.jsonl") if "async/staleness_max" in r]
+    orch = [r for r in _records(layout.orchestrator_dir / "metrics.jsonl") if "off_policy/staleness_max" in r]
     assert [r["step"] for r in orch] == [1, 2, 3]
-    assert max(r["async/staleness_max"] for r in orch) <= 1
+    assert max(r["off_policy/staleness_max"] for r in orch) <= 1
     trained = _records(layout.trainer_dir / "metrics.jsonl")
-    assert [r["step"] for r in trained] == [1, 2, 3] and all(r["split/staleness"] <= 1 for r in trained)
+    assert [r["step"] for r in trained] == [1, 2, 3] and all(r["off_policy/staleness_max"] <= 1 for r in trained)
     assert json.loads((cfg.run_dir / "eval_after.json").read_text())["n"] == 4
     assert (cfg.run_dir / "checkpoints" / "step_3").is_dir() and (cfg.run_dir / "export").is_dir()

@@ -17,7 +17,7 @@ from typing import Any
 
 from thermik.config.schema import RunConfig
 from thermik.distributed.launch import DistributedRun, start
-from thermik.eval.evaluate import EvalResult
+from thermik.rollout.evaluation import EvalResult
 from thermik.rollout.context import RolloutContext, evaluate_held_out
 from thermik.runs.build import Run, build_run, resume_logger
 from thermik.runs.loop import rl_plan, run_loop

@@ -9,13 +9,13 @@ so a threshold is a sturdier recipe than a fixed step count (FIELD-NOTES).
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from thermik.atomic import publish_dir
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.training.batch import token_logprobs
 
@@ -74,9 +74,9 @@ def sft_update(model: torch.nn.Module, batch: list, pad: int, optimizer, schedul
 
 def save_model(model: torch.nn.Module, chat: ChatTokenizer, out: Path) -> None:
     """Atomic: a model directory is complete or absent."""
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    chat.tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        chat.tokenizer.save_pretrained(tmp)
+
+    publish_dir(out, write)
