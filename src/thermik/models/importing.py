@@ -22,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from thermik.models.loading import DTYPES
+from thermik.models.presets import replace_dir
 
 GGUF_MAGIC = b"GGUF"
 INSTALL_HINT = "install the optional extra: pip install 'thermik[real]' (gguf, accelerate)"
@@ -196,9 +197,7 @@ def import_model(
     try:
         _save(model, tokenizer, tmp, provenance)
         _publish_modes(tmp)
-        if out_path.exists():
-            shutil.rmtree(out_path)
-        tmp.rename(out_path)
+        replace_dir(tmp, out_path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
