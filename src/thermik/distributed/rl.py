@@ -49,7 +49,7 @@ def setup(cfg: RunConfig, dist: DistributedRun) -> RayRLRun:
     (cfg.run_dir / "config.toml").write_text(dump_toml(cfg))
     configure_default_pool(log_dir=cfg.run_dir / "logs")
     train_rows, held_out = components.load_datasets(cfg.data, cfg.env.name)
-    chat = ChatTokenizer(load_tokenizer(cfg.model.path))  # the policy itself lives on the trainer workers
+    chat = ChatTokenizer(load_tokenizer(cfg.model.path, cfg.model.chat_template), cfg.env.tool_parser)  # no policy here
     run = RayRLRun(
         cfg=cfg,
         dist=dist,

@@ -62,7 +62,7 @@ async def setup_orchestrator(cfg: RunConfig) -> Orchestrator:
     layout.orchestrator_dir.mkdir(parents=True, exist_ok=True)
     (layout.orchestrator_dir / "config.toml").write_text(dump_toml(cfg))
     configure_default_pool(log_dir=cfg.run_dir / "logs")
-    chat = ChatTokenizer(load_tokenizer(cfg.model.path))
+    chat = ChatTokenizer(load_tokenizer(cfg.model.path, cfg.model.chat_template), cfg.env.tool_parser)
     train_rows, held_out = components.load_datasets(cfg.data, cfg.env.name)
     inf = cfg.inference
     orch = Orchestrator(
