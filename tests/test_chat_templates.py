@@ -30,7 +30,7 @@ TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
 LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                    "<|python_tag|>", "<|finetune_right_pad_id|>")  # fmt: skip
 REAL = "smollm2-real"
-LIMITS = LoopLimits(max_turns=4, max_input_length=4096, max_generate_length=96, max_sequence_length=8192)
+LIMITS = LoopLimits(max_turns=4, max_input_length=4096, max_generate_length=256, max_sequence_length=8192)
 needs_real = pytest.mark.skipif(smollm2_dir() is None, reason="no imported SmolLM2 (thermik model import)")
 
 
@@ -154,7 +154,7 @@ def test_multi_turn_tool_episode_keeps_the_exact_prefix(template, row):
                     {"role": "tool", "name": "calculate", "content": str(truth)}]  # fmt: skip
     assert engine.prompts[1] == chat.encode(chat.render(conversation, tools))
     conversation.append({"role": "assistant", "content": texts[1]})
-    assert full + chat.encode(chat._after_eos) == chat.encode(chat.render(conversation, tools, False))
+    assert full + chat.encode(chat.after_eos) == chat.encode(chat.render(conversation, tools, False))
     assert chat.encode_conversation(conversation, tools) == (full, [0] * len(traj.prompt_ids) + traj.loss_mask)
 
 
@@ -168,3 +168,52 @@ def test_llama3_trims_what_it_re_renders_so_thermik_accumulates_ids(row):
     rerendered = chat.encode(chat.render(conversation, [CALCULATE_SCHEMA], False))
     assert traj.prompt_ids + traj.response_ids != rerendered
     assert traj.response_ids == [*chat.encode(texts[0]), chat.eos_id]
+
+
+THINK = "<think>\nThe product first, so I ask the tool.\n</think>\n\n"
+
+
+def test_qwen3_thinking_episode_keeps_think_tokens_in_history(row):
+    """Qwen3 renders an empty <think> block into a *last* assistant turn only, so the observation delta can't be
+    read off a plain prefix; thermik reads it after the sampled turn's eos. The sampled <think> stays in history."""
+    chat = make_chat("qwen3")
+    call = format_hermes_tool_call("calculate", {"expression": row["extra_info"]["expression"]})
+    texts = [THINK + call, f"<answer>{row['reward_spec']['ground_truth']}</answer>"]
+    traj, engine = play(chat, row, texts, LIMITS)
+    assert (traj.reward, traj.num_turns) == (1.0, 2)
+    assert THINK + call in chat.tokenizer.decode(engine.prompts[1])
+    assert chat.tokenizer.decode(engine.prompts[1]).endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_qwen3_drops_old_thinking_on_re_render_but_the_sequence_keeps_it(row):
+    """After a new user message (feedback), Qwen3's template drops earlier <think> content: a fresh rendering is not
+    a continuation of what was sampled. thermik appends ids instead, so the training sequence keeps the tokens the
+    model saw and sampled (docs/models.md); nothing is re-rendered."""
+    chat = make_chat("qwen3")
+    first = THINK + "<answer>1</answer>"
+    feedback = [{"role": "user", "content": "Wrong, try again."}]
+    ids = chat.encode_prompt(row["prompt"]) + chat.encode(first) + [chat.eos_id] + chat.encode_observations(feedback)
+    conversation = [*row["prompt"], {"role": "assistant", "content": first}, *feedback]
+    fresh = chat.encode(chat.render(conversation))
+    assert "The product first" in chat.tokenizer.decode(ids)
+    assert "The product first" not in chat.tokenizer.decode(fresh)
+    assert chat.tokenizer.decode(ids).endswith("<|im_start|>user\nWrong, try again.<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused():
+    tok = build_tokenizer()
+    tok.chat_template = "{{ messages | length }}{% for m in messages %}{{ m.content }}<|im_end|>{% endfor %}"
+    with pytest.raises(ValueError, match="not prefix-consistent: observations change earlier turns"):
+        ChatTokenizer(tok).encode_observations([{"role": "user", "content": "x"}])
+
+
+def test_server_chat_endpoint_keeps_tools_for_a_template_that_ignores_them(row):
+    from thermik.inference.server.chat_render import render_chat
+    from thermik.inference.server.protocol import ChatCompletionRequest
+
+    tok = build_tokenizer()
+    tok.chat_template = (TEMPLATES / "smollm2.jinja").read_text() + "{# server test #}"  # a template not yet probed
+    body = ChatCompletionRequest.model_validate({"model": "m", "messages": row["prompt"], "tools": [CALCULATE_SCHEMA]})
+    with pytest.warns(ToolsIgnoredWarning, match="requests with tools get the tool schemas in the system message"):
+        text = tok.decode(render_chat(tok, body))
+    assert json.dumps(CALCULATE_SCHEMA["function"]) in text and text.startswith("<|im_start|>system\nUse the calc")

@@ -116,6 +116,20 @@ _PROBE_TOOL = {
 }
 _PROBE_MESSAGES = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
 
+# How the fallback asks for a call, per tool parser (EnvConfig.tool_parser); callers add an example written by the
+# parser's own formatter (thermik.tools.parsers.TOOL_CALL_FORMATTERS), so the prompt shows the text the parser reads.
+FALLBACK_CALL_INSTRUCTIONS: dict[str, str] = {
+    "hermes": "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:",
+    "qwen3_coder": "To call a function, reply in the following format:",
+    "llama3": "To call a function, respond with a JSON object of the function name and its parameters:",
+}
+
+
+class ToolsIgnoredWarning(UserWarning):
+    """The chat template ignores `tools`; thermik renders the tool schemas into the system message instead."""
+
+
 Render = Callable[[list[dict[str, Any]], "list[dict[str, Any]] | None"], str]
 
 

@@ -16,27 +16,24 @@ import warnings
 from typing import Any
 
 from thermik.envs.base import Message
-from thermik.models.chat_template import template_renders_tools, tool_name, tools_system_text, with_system_text
+from thermik.models.chat_template import (
+    FALLBACK_CALL_INSTRUCTIONS,
+    ToolsIgnoredWarning,
+    template_renders_tools,
+    tool_name,
+    tools_system_text,
+    with_system_text,
+)
 from thermik.tools.parsers import TOOL_CALL_FORMATTERS
 
 # A fixed conversation the observation deltas are rendered after; its content never reaches the model.
 _BASE: list[Message] = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
 
-# How the fallback asks for a call, per tool parser (EnvConfig.tool_parser); the example comes from the parser's
-# own formatter, so the prompt shows exactly the text the parser reads.
-FALLBACK_CALL_INSTRUCTIONS: dict[str, str] = {
-    "hermes": "For each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:",
-    "qwen3_coder": "To call a function, reply in the following format:",
-    "llama3": "To call a function, respond with a JSON object of the function name and its parameters:",
-}
-
-
-class ToolsIgnoredWarning(UserWarning):
-    """The chat template ignores `tools`; thermik renders the tool schemas into the system message instead."""
+__all__ = ["ChatTokenizer", "ToolsIgnoredWarning", "fallback_tools_text"]
 
 
 def fallback_tools_text(tools: list[dict[str, Any]], tool_format: str) -> str:
+    """The system-message tool block for a template that ignores tools, calls written as `tool_format` reads them."""
     example = TOOL_CALL_FORMATTERS[tool_format]("function_name", {"argument_name": "value"})
     return tools_system_text(tools, FALLBACK_CALL_INSTRUCTIONS[tool_format], example)
 
@@ -62,10 +59,15 @@ class ChatTokenizer:
         cut = base.rfind(eos_text)
         if cut < 0:
             raise ValueError(f"the chat template does not close assistant turns with the eos token {eos_text!r}")
-        self._base_text = base
+        self._eos_text = eos_text
         # What the template writes after the eos of an assistant turn (ChatML: "\n"); the engine stops at eos,
         # so these characters belong to the next observation.
-        self._after_eos = base[cut + len(eos_text) :]
+        self.after_eos = base[cut + len(eos_text) :]
+        # Observation deltas are read after the base assistant turn's eos (the n-th eos of a rendering). Only the
+        # turns before it must render unchanged: a template may re-render the assistant turn itself (Qwen3 adds an
+        # empty <think> block to a last assistant turn only); the loop keeps the sampled ids either way.
+        self._head = self._render(_BASE[:1], add_generation_prompt=False)
+        self._base_eos_count = base.count(eos_text)
         self.renders_tools: bool = template_renders_tools(lambda m, t: self._render(m, False, t))
         self._warned = False
 
@@ -117,9 +119,14 @@ class ChatTokenizer:
     def encode_observations(self, observations: list[Message]) -> list[int]:
         """Ids the template inserts after an eos-terminated assistant turn, up to the next generation prompt."""
         full = self._render(_BASE + list(observations), add_generation_prompt=True)
-        if not full.startswith(self._base_text):
+        pos = -len(self._eos_text)
+        for _ in range(self._base_eos_count):
+            pos = full.find(self._eos_text, pos + len(self._eos_text))
+            if pos < 0:
+                break
+        if pos < 0 or not full.startswith(self._head):
             raise ValueError("the chat template is not prefix-consistent: observations change earlier turns")
-        return self.encode(self._after_eos + full[len(self._base_text) :])
+        return self.encode(full[pos + len(self._eos_text) :])
 
     def encode_conversation(
         self, messages: list[Message], tools: list[dict] | None = None
