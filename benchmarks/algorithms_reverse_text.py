@@ -24,8 +24,8 @@ from typing import Any
 
 from thermik.config.loader import load_config
 from thermik.config.schema import RunConfig, SFTConfig
-from thermik.data.synthesize import synthesize
 from thermik.models.presets import init_model
+from thermik.tasks.synthesize import synthesize
 from thermik.training.rl import run_rl
 from thermik.training.sft import run_sft
 

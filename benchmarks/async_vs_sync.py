@@ -99,7 +99,7 @@ def _records(path: Path) -> list[dict]:
 
 
 def _summary(step_s: float, success: float, records: list[dict]) -> dict[str, float]:
-    stale = [r["async/staleness_mean"] for r in records if "async/staleness_mean" in r]
+    stale = [r["off_policy/staleness_mean"] for r in records if "off_policy/staleness_mean" in r]
     return {
         "step_s": step_s,
         "success": success,

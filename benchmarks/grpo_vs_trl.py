@@ -1,7 +1,7 @@
 """GRPO throughput, thermik vs TRL's GRPOTrainer, on the same tiny local model in one process.
 
 Both sides: the same freshly initialised preset model (thermik.models.presets.init_model), tokenizer and chat
-template; reverse_text prompts from thermik.data.synthetic; the reverse_text similarity reward; the same batch
+template; reverse_text prompts from thermik.tasks.registry; the reverse_text similarity reward; the same batch
 (prompts x group completions per step), max completion length, temperature 1, lr, AdamW (torch, not fused),
 constant schedule, clip 0.2/0.28, token-mean (DAPO) loss, no KL/reference model, one optimizer step per batch,
 one forward/backward micro-batch, fp32, and the same torch thread count.
@@ -46,10 +46,11 @@ from thermik.config.schema import (
     SamplingConfig,
     TrainerConfig,
 )
-from thermik.data.synthetic import generate_rows
-from thermik.envs.reverse_text import reversal_reward
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.models.presets import init_model
+from thermik.tasks.registry import generate_rows
+from thermik.tasks.reverse_text.env import reversal_reward
+from thermik.tools.mcp_pool import MCPPool
 from thermik.training.rl import RLRun, rl_step, setup
 
 SIDES = ("thermik", "trl")
@@ -137,7 +138,7 @@ class ThermikStepper:
 
     @staticmethod
     async def _setup(cfg: RunConfig) -> RLRun:
-        return setup(cfg)
+        return setup(cfg, MCPPool())  # reverse_text calls no MCP server
 
     def step(self, step: int) -> tuple[float, dict[str, float]]:
         t0 = time.perf_counter()

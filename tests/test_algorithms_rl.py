@@ -11,10 +11,11 @@ import torch
 
 from thermik.config.schema import RunConfig
 from thermik.data.dataset import write_rows
-from thermik.data.synthetic import generate_rows
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.registry import register, unregister
 from thermik.models.loading import load_model
+from thermik.tasks.registry import generate_rows
+from thermik.tools.mcp_pool import MCPPool
 from thermik.training.rl import run_rl, setup
 
 
@@ -106,7 +107,7 @@ def test_many_options_through_the_loop(tmp_path, stopping_model_dir, letter_env)
     # the adaptive KL weight is checkpointed and a resumed run goes on from it
     state = json.loads((tmp_path / "algos" / "checkpoints" / "step_2" / "trainer_state.json").read_text())
     assert state["extra"]["kl_coef"] == pytest.approx(steps[-1]["policy/kl_coef"])
-    run = setup(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"steps": 3})}))
+    run = setup(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"steps": 3})}), MCPPool())
     try:
         assert run.start_step == 2 and run.algo.kl.value == pytest.approx(steps[-1]["policy/kl_coef"])
     finally:

@@ -18,12 +18,12 @@ from transformers import PreTrainedTokenizerFast
 
 from thermik.config import load_config
 from thermik.config.schema import RunConfig
-from thermik.data.synthetic import generate_rows
-from thermik.envs.calculator import CALCULATE_SCHEMA
 from thermik.models.loading import load_tokenizer
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.tokenization import ChatTokenizer, ToolsIgnoredWarning
+from thermik.tasks.calculator.env import CALCULATE_SCHEMA
+from thermik.tasks.registry import generate_rows
 from thermik.tools.parsers import TOOL_CALL_FORMATTERS, format_hermes_tool_call, get_parser
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"

@@ -14,6 +14,7 @@ from tests.conftest import short_rl_config
 from thermik.algorithms.reductions import token_mean
 from thermik.algorithms.value_loss import clipped_value_loss
 from thermik.config.schema import CriticConfig, ModelConfig, OptimizerConfig
+from thermik.tools.mcp_pool import MCPPool
 from thermik.training.batch import TokenBatch
 from thermik.training.critic import Critic
 from thermik.training.rl import CRITIC_DIR, run_rl, setup
@@ -109,7 +110,7 @@ def test_ppo_with_gae_runs_end_to_end_and_resumes_the_critic(tmp_path, stopping_
     assert all(s["critic/value_mean"] != 0 for s in steps[1:])
     assert all(s["advantage/abs_mean"] > 0 for s in steps)
     ckpt = tmp_path / "gae" / "checkpoints" / "step_6" / CRITIC_DIR
-    run = setup(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"steps": 7})}))
+    run = setup(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"steps": 7})}), MCPPool())
     try:
         assert run.start_step == 6 and run.critic is not None
         saved = Critic.from_config(cfg.model, cfg.critic, 16)

@@ -18,11 +18,14 @@ from conftest import cli_env, short_rl_config, thermik_argv
 from safetensors.torch import load_file
 from serving import embedded_engine, running, start_thermik_inference
 
+from thermik.atomic import write_json_atomic
 from thermik.config import ConfigError, dump_toml, load_config
 from thermik.config.schema import RunConfig, ServeConfig
-from thermik.inference.remote import WEIGHTS_FILE, write_safetensors
 from thermik.inference.server.app import build_app
+from thermik.inference.weights import WEIGHTS_FILE, write_safetensors
+from thermik.rollout.staleness import within_staleness
 from thermik.rollout.trajectory import Trajectory
+from thermik.tools.mcp_pool import MCPPool
 from thermik.training.batch import collate
 from thermik.training.learner import save_checkpoint
 from thermik.training.split.orchestrator import load_new_weights, setup_orchestrator
@@ -31,19 +34,18 @@ from thermik.training.split.protocol import (
     META_FILE,
     SplitLayout,
     SplitTimeout,
-    admitted,
     publish_dir,
     published_steps,
     save_batch,
-    write_json_atomic,
 )
 from thermik.training.split.trainer import setup_trainer, train_split, wait_for_rollouts
 
 
 def test_admission_rule() -> None:
     # synchronous: step s needs the weights of step s; one step off-policy: of step s - 1
-    assert admitted(0, 0, 0) and admitted(3, 3, 0) and not admitted(3, 2, 0)
-    assert admitted(3, 2, 1) and not admitted(3, 1, 1) and admitted(1, 0, 1)
+    # within_staleness(weights step, sampled step, k): the orchestrator may sample step s with weights of s - k
+    assert within_staleness(0, 0, 0) and within_staleness(3, 3, 0) and not within_staleness(2, 3, 0)
+    assert within_staleness(2, 3, 1) and not within_staleness(1, 3, 1) and within_staleness(0, 1, 1)
 
 
 def _batch(n: int = 2):
@@ -104,7 +106,7 @@ def test_orchestrator_admits_steps_by_published_weights(tmp_path: Path, tiny_mod
         state = load_file(str(tiny_model_dir / "model.safetensors"))
 
         async def scenario() -> tuple[bool, dict[int, int], str]:
-            orch = await setup_orchestrator(cfg)
+            orch = await setup_orchestrator(cfg, MCPPool())  # reverse_text: no MCP server
             try:
                 await load_new_weights(orch, 1, 1)  # step 1 may use the weights of step 0: no wait
                 waiting = asyncio.create_task(load_new_weights(orch, 2, 1))  # needs weights/step_1
@@ -130,7 +132,7 @@ def test_orchestrator_admits_steps_by_published_weights(tmp_path: Path, tiny_mod
         write_json_atomic(SplitLayout(cfg.run_dir).orchestrator_state, {"next_step": 2, "sampler": {"position": 8}})
 
         async def restart() -> tuple[int, int, dict[int, int]]:
-            orch = await setup_orchestrator(cfg)
+            orch = await setup_orchestrator(cfg, MCPPool())  # reverse_text: no MCP server
             orch.logger.close()
             await orch.engine.close()
             return orch.start_step, orch.sampler.position, orch.step_of_version
@@ -199,10 +201,10 @@ def test_inference_trainer_orchestrator_run_from_one_config(tmp_path: Path, tiny
     final = load_file(str(layout.weights_dir(3) / WEIGHTS_FILE))
     initial = load_file(str(tiny_model_dir / "model.safetensors"))
     assert any(not torch.equal(final[k], initial[k]) for k in final), "the trainer's weights did not change"
-    orch = [r for r in _records(layout.orchestrator_dir / "metrics.jsonl") if "async/staleness_max" in r]
+    orch = [r for r in _records(layout.orchestrator_dir / "metrics.jsonl") if "off_policy/staleness_max" in r]
     assert [r["step"] for r in orch] == [1, 2, 3]
-    assert max(r["async/staleness_max"] for r in orch) <= 1
+    assert max(r["off_policy/staleness_max"] for r in orch) <= 1
     trained = _records(layout.trainer_dir / "metrics.jsonl")
-    assert [r["step"] for r in trained] == [1, 2, 3] and all(r["split/staleness"] <= 1 for r in trained)
+    assert [r["step"] for r in trained] == [1, 2, 3] and all(r["off_policy/staleness_max"] <= 1 for r in trained)
     assert json.loads((cfg.run_dir / "eval_after.json").read_text())["n"] == 4
     assert (cfg.run_dir / "checkpoints" / "step_3").is_dir() and (cfg.run_dir / "export").is_dir()

@@ -120,7 +120,7 @@ def _cmd_model(argv: list[str]) -> int:
 
 
 def _cmd_synthesize(argv: list[str]) -> int:
-    from thermik.data.synthetic import GENERATORS
+    from thermik.tasks.registry import GENERATORS
 
     p = argparse.ArgumentParser(prog="thermik synthesize", description="Write dataset rows and solved conversations.")
     p.add_argument("--env", choices=sorted(GENERATORS), help="Environment whose generator to use.")
@@ -135,7 +135,7 @@ def _cmd_synthesize(argv: list[str]) -> int:
         llm.add_argument(f"--llm-{name.replace('_', '-')}", dest=f"llm_{name}", type=type(field.default),
                          default=field.default, help=field.description)  # fmt: skip
     args = p.parse_args(argv)
-    from thermik.data.synthesize import convert, synthesize
+    from thermik.tasks.synthesize import convert, synthesize
 
     if args.from_conversations is not None:
         rows_path, count = convert(args.from_conversations, args.out, args.env_class)

@@ -16,7 +16,7 @@ from thermik.config import load_config
 from thermik.config.schema import RunConfig
 from thermik.distributed.launch import DistributedRun, start
 from thermik.distributed.rl import RayRLRun, rl_step, setup
-from thermik.tools.mcp_pool import close_default_pool
+from thermik.tools.mcp_pool import MCPPool
 
 
 async def rl_steps(run: RayRLRun) -> list[dict[str, float]]:
@@ -48,8 +48,9 @@ async def weight_sync_times(run: DistributedRun, repeats: int = 5) -> dict[str, 
 
 async def _main(cfg: RunConfig) -> None:
     dist = start(cfg)
+    pool = MCPPool(log_dir=cfg.run_dir / "logs")
     try:
-        run = setup(cfg, dist)
+        run = setup(cfg, dist, pool)
         await rl_steps(run)
         run.logger.close()
         if cfg.distributed.num_engines:
@@ -57,7 +58,7 @@ async def _main(cfg: RunConfig) -> None:
                 print(f"weight sync {method}: {seconds * 1000:.1f} ms (median of 5)")
     finally:
         dist.shutdown()
-        await close_default_pool()
+        await pool.aclose()
 
 
 def main(argv: list[str] | None = None) -> int:

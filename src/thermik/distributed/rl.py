@@ -25,7 +25,7 @@ from thermik.monitor.metrics import MetricsLogger
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.metrics import rollout_metrics
 from thermik.rollout.tokenization import ChatTokenizer
-from thermik.tools.mcp_pool import close_default_pool, configure_default_pool
+from thermik.tools.mcp_pool import MCPPool
 from thermik.training import components
 from thermik.training.algo_state import AlgorithmState
 from thermik.training.batch import collate
@@ -44,10 +44,9 @@ class RayRLRun(RolloutContext):
     start_step: int = 0
 
 
-def setup(cfg: RunConfig, dist: DistributedRun) -> RayRLRun:
+def setup(cfg: RunConfig, dist: DistributedRun, pool: MCPPool) -> RayRLRun:
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / "config.toml").write_text(dump_toml(cfg))
-    configure_default_pool(log_dir=cfg.run_dir / "logs")
     train_rows, held_out = components.load_datasets(cfg.data, cfg.env.name)
     chat = ChatTokenizer(load_tokenizer(cfg.model.path, cfg.model.chat_template), cfg.env.tool_parser)  # no policy here
     run = RayRLRun(
@@ -55,7 +54,7 @@ def setup(cfg: RunConfig, dist: DistributedRun) -> RayRLRun:
         dist=dist,
         engine=dist.engines,
         chat=chat,
-        make_env=components.env_factory(cfg.env),
+        make_env=components.env_factory(cfg.env, pool),
         sampler=PromptSampler(train_rows, cfg.data.seed),
         held_out=held_out[: cfg.eval.size],
         limits=LoopLimits.from_config(cfg.rollout, cfg.env.max_turns),
@@ -132,15 +131,16 @@ async def rl_loop(run: RayRLRun) -> dict[str, Any]:
 
 async def train(cfg: RunConfig) -> dict[str, Any]:
     dist = start(cfg)
+    pool = MCPPool(log_dir=cfg.run_dir / "logs")
     run = None
     try:
-        run = setup(cfg, dist)
+        run = setup(cfg, dist, pool)
         return await rl_loop(run)
     finally:
         if run is not None:
             run.logger.close()
         dist.shutdown()
-        await close_default_pool()
+        await pool.aclose()
 
 
 def run_rl(cfg: RunConfig) -> dict[str, Any]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +19,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from thermik.atomic import publish_dir
 from thermik.models.loading import DTYPES
-from thermik.models.presets import replace_dir
 
 GGUF_MAGIC = b"GGUF"
 INSTALL_HINT = "install the optional extra: pip install 'thermik[real]' (gguf, accelerate)"
@@ -155,11 +153,10 @@ def _save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out: Path,
     (out / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
 
 
-def _publish_modes(d: Path) -> None:
-    """mkdtemp makes the directory private (0700) and some writers make files 0600: give it the usual modes."""
+def _file_modes(d: Path) -> None:
+    """safetensors writes 0600 files: give them the usual modes, so other users can read a shared model dir."""
     umask = os.umask(0)
     os.umask(umask)
-    d.chmod(0o777 & ~umask)
     for f in d.iterdir():
         f.chmod(0o666 & ~umask)
 
@@ -192,13 +189,10 @@ def import_model(
     if not getattr(tokenizer, "chat_template", None):
         raise ImportModelError(f"{path} has no chat template; pass one with --chat-template FILE.jinja")
     provenance = {"source": str(path.resolve()), "kind": kind, "architecture": arch, "dtype": dtype}
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.", dir=out_path.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         _save(model, tokenizer, tmp, provenance)
-        _publish_modes(tmp)
-        replace_dir(tmp, out_path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _file_modes(tmp)
+
+    publish_dir(out_path, write)
     return ImportResult(out_path, path, kind, arch, sum(p.numel() for p in model.parameters()))

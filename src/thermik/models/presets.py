@@ -126,14 +126,14 @@ def init_model(preset: str, out_dir: str | Path, seed: int = 0, overwrite: bool 
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        replace_dir(tmp, out)
+        _replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
 
 
-def replace_dir(src: Path, dst: Path) -> None:
+def _replace_dir(src: Path, dst: Path) -> None:
     """Rename `src` onto `dst`; an existing `dst` is moved aside first and deleted only after the rename."""
     if not dst.exists():
         os.replace(src, dst)

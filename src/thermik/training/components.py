@@ -14,15 +14,15 @@ import torch
 
 from thermik.config.schema import DataConfig, EnvConfig, InferenceConfig, LoRAConfig, ModelConfig
 from thermik.data.dataset import load_rows
-from thermik.data.synthetic import generate_rows
 from thermik.envs.base import Env
-from thermik.envs.registry import make
 from thermik.inference.base import InferenceEngine
 from thermik.inference.embedded import embedded_engine
 from thermik.inference.remote import RemoteEngine
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.rollout.agent_loop import EnvFactory
 from thermik.rollout.tokenization import ChatTokenizer
+from thermik.tasks.registry import generate_rows, make_env
+from thermik.tools.mcp_pool import MCPPool
 
 
 def seed_everything(seed: int) -> None:
@@ -138,15 +138,18 @@ def build_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceCon
     return ENGINES[cfg.backend](policy, chat, cfg)
 
 
-def env_factory(cfg: EnvConfig) -> EnvFactory:
-    def make_env(row: dict[str, Any]) -> Env:
+def env_factory(cfg: EnvConfig, pool: MCPPool) -> EnvFactory:
+    """Builds the env of each row; the envs that call MCP servers do it through `pool` (the run owns and closes it)."""
+
+    def build(row: dict[str, Any]) -> Env:
         name = cfg.name or row.get("env_class", "")
-        env = make(name, reward_spec=row.get("reward_spec", {}), extra_info=row.get("extra_info", {}), options=cfg)
+        reward_spec, extra_info = row.get("reward_spec", {}), row.get("extra_info", {})
+        env = make_env(name, reward_spec=reward_spec, extra_info=extra_info, options=cfg, pool=pool)
         if not cfg.render_tools:
             env.tools = None  # the system prompt names the tool; its schema stays out of the context
         return env
 
-    return make_env
+    return build
 
 
 def load_datasets(cfg: DataConfig, env_name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

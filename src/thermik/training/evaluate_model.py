@@ -7,9 +7,9 @@ import json
 from typing import Any
 
 from thermik.config.schema import RunConfig
-from thermik.eval.evaluate import evaluate
 from thermik.rollout.agent_loop import LoopLimits
-from thermik.tools.mcp_pool import close_default_pool
+from thermik.rollout.evaluation import evaluate
+from thermik.tools.mcp_pool import MCPPool
 from thermik.training import components
 
 
@@ -19,10 +19,11 @@ async def _eval(cfg: RunConfig) -> dict[str, Any]:
     engine = components.build_engine(policy, chat, cfg.inference)
     _, held_out = components.load_datasets(cfg.data, cfg.env.name)
     limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
+    pool = MCPPool(log_dir=cfg.run_dir / "logs")
     try:
         result, _ = await evaluate(
             engine,
-            components.env_factory(cfg.env),
+            components.env_factory(cfg.env, pool),
             chat,
             held_out[: cfg.eval.size],
             limits,
@@ -31,7 +32,7 @@ async def _eval(cfg: RunConfig) -> dict[str, Any]:
         )
     finally:
         await engine.close()
-        await close_default_pool()
+        await pool.aclose()
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / "eval.json").write_text(json.dumps(result.__dict__))
     return {"model": cfg.model.path, **result.__dict__}

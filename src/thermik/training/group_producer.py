@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from thermik.data.sampler import PromptSampler
+from thermik.rollout.staleness import staleness_metrics, within_staleness
 from thermik.rollout.trajectory import Trajectory
 
 GroupRollout = Callable[[dict[str, Any], int], Awaitable[list[Trajectory]]]
@@ -85,9 +86,8 @@ class GroupProducer:
         """Call after each weight sync: admits new groups and (stale = "cancel") cancels hopeless ones."""
         async with self._cond:
             if self.stale == "cancel":
-                oldest_allowed = self.version() - self.max_off_policy_steps
                 for task, start in list(self._inflight.items()):
-                    if start < oldest_allowed:
+                    if not within_staleness(start, self.version(), self.max_off_policy_steps):
                         task.cancel()
                         self.cancelled_groups += 1
             self._cond.notify_all()
@@ -95,8 +95,9 @@ class GroupProducer:
     # ------------------------------------------------------------------ producing
 
     def _may_start(self) -> bool:
-        advanced = self.version() - self._first_version
-        return self._started // self.prompts_per_step - advanced <= self.max_off_policy_steps
+        # The next group trains step first_version + (its batch index) and starts on the current weights.
+        train_step = self._first_version + self._started // self.prompts_per_step
+        return within_staleness(self.version(), train_step, self.max_off_policy_steps)
 
     async def _produce(self) -> None:
         while True:
@@ -138,14 +139,12 @@ class GroupProducer:
                 if self._error is not None:
                     raise RuntimeError(f"a rollout group failed: {self._error!r}") from self._error
                 group = self._ready.pop(0)
-            if self.version() - group.oldest_version > self.max_off_policy_steps:
+            if not within_staleness(group.oldest_version, self.version(), self.max_off_policy_steps):
                 self.dropped_groups += 1
                 continue
             groups.append(group)
-        staleness = [self.version() - g.oldest_version for g in groups]
         return groups, {
-            "async/staleness_mean": sum(staleness) / len(staleness),
-            "async/staleness_max": float(max(staleness)),
+            **staleness_metrics([self.version() - g.oldest_version for g in groups]),
             "async/dropped_groups": float(self.dropped_groups - dropped_before),
             "async/cancelled_groups_total": float(self.cancelled_groups),
             "async/buffer_fill": fill,

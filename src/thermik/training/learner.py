@@ -22,6 +22,7 @@ from thermik.training.algo_state import AlgorithmState
 from thermik.training.batch import TokenBatch
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
 from thermik.training.critic import Critic
+from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer
 from thermik.training.shaping import assign_advantages
 from thermik.training.update import logprobs_no_grad, policy_update
@@ -135,16 +136,15 @@ def _update(learner: Learner, batch: TokenBatch, temperature: float, rollout_is_
     """One policy update (and, with a critic, its value-loss update) on the batch."""
     if learner.update_threads:
         torch.set_num_threads(learner.update_threads)  # this worker thread only (OpenMP thread counts are per thread)
+    cfg = learner.cfg
+    setup = LossSetup.from_config(cfg.algorithm, cfg.trainer, temperature, kl_coef=learner.algo.kl.value)
     metrics = policy_update(
         learner.policy,
         learner.ref,
         batch,
-        learner.cfg.algorithm,
-        learner.cfg.trainer,
+        setup,
         learner.optimizer,
         learner.scheduler,
-        temperature,
-        kl_coef=learner.algo.kl.value,
         guard=learner.algo.guard,
         rollout_is_behaviour=rollout_is_behaviour,
     )

@@ -9,10 +9,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from thermik.config.schema import RunConfig
-from thermik.eval.evaluate import EvalResult
 from thermik.monitor.metrics import MetricsLogger
 from thermik.monitor.plots import plot_run
 from thermik.monitor.progress import StepProgress, print_table
+from thermik.rollout.evaluation import EvalResult
 
 
 class LoopRun(Protocol):

@@ -20,7 +20,7 @@ from thermik.data.sampler import PromptSampler
 from thermik.rollout.agent_loop import LoopLimits, rollout_rows
 from thermik.rollout.metrics import rollout_metrics
 from thermik.rollout.trajectory import Trajectory, dump_trajectories
-from thermik.tools.mcp_pool import close_default_pool, configure_default_pool
+from thermik.tools.mcp_pool import MCPPool
 from thermik.training import components
 from thermik.training.batch import collate
 from thermik.training.group_producer import GroupProducer
@@ -38,12 +38,11 @@ class RLRun(Learner, RolloutContext):
     producer: GroupProducer | None = None  # asynchronous mode only
 
 
-def setup(cfg: RunConfig) -> RLRun:
+def setup(cfg: RunConfig, pool: MCPPool) -> RLRun:
     components.seed_everything(cfg.seed)
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(dump_toml(cfg))
-    configure_default_pool(log_dir=run_dir / "logs")  # each MCP server's stderr: logs/mcp-<name>.log
     policy, chat = components.load_policy(cfg.model, cfg.lora)
     train_rows, held_out = components.load_datasets(cfg.data, cfg.env.name)
     engine_cfg, update_threads = _thread_split(cfg)
@@ -53,7 +52,7 @@ def setup(cfg: RunConfig) -> RLRun:
         policy=policy,
         chat=chat,
         engine=components.build_engine(policy, chat, engine_cfg),
-        make_env=components.env_factory(cfg.env),
+        make_env=components.env_factory(cfg.env, pool),
         sampler=PromptSampler(train_rows, cfg.data.seed),
         held_out=held_out[: cfg.eval.size],
         limits=LoopLimits.from_config(cfg.rollout, cfg.env.max_turns),
@@ -157,7 +156,8 @@ def _export(run: RLRun) -> Path:
 
 
 async def train(cfg: RunConfig) -> dict[str, Any]:
-    run = setup(cfg)
+    pool = MCPPool(log_dir=cfg.run_dir / "logs")  # each MCP server's stderr: logs/mcp-<name>.log
+    run = setup(cfg, pool)
 
     async def start() -> None:
         if run.start_step:
@@ -184,7 +184,7 @@ async def train(cfg: RunConfig) -> dict[str, Any]:
         await stop()
         run.logger.close()
         await run.engine.close()
-        await close_default_pool()
+        await pool.aclose()
 
 
 def run_rl(cfg: RunConfig) -> dict[str, Any]:

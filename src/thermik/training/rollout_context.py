@@ -17,9 +17,9 @@ import torch
 from thermik.algorithms.shaping import select_groups, zero_variance_rows
 from thermik.config.schema import RunConfig
 from thermik.data.sampler import PromptSampler
-from thermik.eval.evaluate import EvalResult, evaluate
 from thermik.inference.base import InferenceEngine
 from thermik.rollout.agent_loop import EnvFactory, LoopLimits, rollout_rows
+from thermik.rollout.evaluation import EvalResult, evaluate
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import Trajectory, dump_trajectories
 

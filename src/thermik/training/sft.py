@@ -11,24 +11,24 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from thermik.atomic import publish_dir
 from thermik.config.loader import dump_toml
 from thermik.config.schema import InferenceConfig, SFTConfig
-from thermik.data.synthetic import generate_rows
-from thermik.eval.evaluate import EvalResult, evaluate
 from thermik.monitor.metrics import MetricsLogger
 from thermik.monitor.plots import plot_run
 from thermik.monitor.progress import StepProgress
 from thermik.rollout.agent_loop import LoopLimits
+from thermik.rollout.evaluation import EvalResult, evaluate
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import dump_trajectories
-from thermik.tools.mcp_pool import close_default_pool
+from thermik.tasks.registry import generate_rows
+from thermik.tools.mcp_pool import MCPPool
 from thermik.training import components
 from thermik.training.batch import token_logprobs
 from thermik.training.optim import build_optimizer
@@ -76,10 +76,10 @@ def sft_loss(model: torch.nn.Module, examples: list[tuple[list[int], list[int]]]
 class HeldOutCheck:
     """Samples held-out episodes with the current weights (pushed into a separate engine)."""
 
-    def __init__(self, cfg: SFTConfig, model: torch.nn.Module, chat: ChatTokenizer) -> None:
+    def __init__(self, cfg: SFTConfig, model: torch.nn.Module, chat: ChatTokenizer, pool: MCPPool) -> None:
         self.cfg, self.chat = cfg, chat
         self.engine = components.build_engine(model, chat, InferenceConfig(seed=cfg.seed))
-        self.make_env = components.env_factory(cfg.env)
+        self.make_env = components.env_factory(cfg.env, pool)
         self.rows = generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval")
         self.limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
 
@@ -111,7 +111,8 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
     model, chat = components.load_policy(cfg.model)
     examples = encode_all(chat, load_conversations(cfg.train_path), cfg.max_length, cfg.env.render_tools)
     optimizer, scheduler = build_optimizer(model, cfg.optimizer)
-    check = HeldOutCheck(cfg, model, chat)
+    pool = MCPPool(log_dir=cfg.run_dir / "logs")
+    check = HeldOutCheck(cfg, model, chat, pool)
     logger = MetricsLogger(cfg.run_dir)
     rng = random.Random(cfg.seed)
     pad = chat.tokenizer.pad_token_id or 0
@@ -136,19 +137,19 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
     finally:
         logger.close()
         await check.engine.close()
-        await close_default_pool()
+        await pool.aclose()
     (cfg.run_dir / "sft_result.json").write_text(json.dumps(result))
     return result
 
 
 def _save_model(model: torch.nn.Module, chat: ChatTokenizer, out: Path) -> None:
     """Atomic: a model directory is complete or absent."""
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    chat.tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        chat.tokenizer.save_pretrained(tmp)
+
+    publish_dir(out, write)
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, Any]:

@@ -16,20 +16,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thermik.atomic import write_json_atomic
 from thermik.config.loader import dump_toml
 from thermik.config.schema import RunConfig
 from thermik.data.sampler import PromptSampler
-from thermik.eval.evaluate import EvalResult
 from thermik.inference.remote import RemoteEngine
 from thermik.models.loading import load_tokenizer
 from thermik.monitor.metrics import MetricsLogger
 from thermik.monitor.plots import plot_run
 from thermik.monitor.progress import StepProgress
 from thermik.rollout.agent_loop import LoopLimits
+from thermik.rollout.evaluation import EvalResult
 from thermik.rollout.metrics import rollout_metrics
+from thermik.rollout.staleness import staleness_metrics, within_staleness
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import Trajectory, dump_trajectories
-from thermik.tools.mcp_pool import close_default_pool, configure_default_pool
+from thermik.tools.mcp_pool import MCPPool
 from thermik.training import components
 from thermik.training.batch import collate
 from thermik.training.rollout_context import RolloutContext, evaluate_held_out, sample_step
@@ -37,12 +39,10 @@ from thermik.training.split.protocol import (
     META_FILE,
     TRAJECTORIES_FILE,
     SplitLayout,
-    admitted,
     publish_dir,
     published_steps,
     save_batch,
     wait_until,
-    write_json_atomic,
 )
 
 
@@ -56,12 +56,11 @@ class Orchestrator(RolloutContext):
     step_of_version: dict[int, int] = field(default_factory=dict)  # server weight version -> trainer step
 
 
-async def setup_orchestrator(cfg: RunConfig) -> Orchestrator:
+async def setup_orchestrator(cfg: RunConfig, pool: MCPPool) -> Orchestrator:
     components.seed_everything(cfg.seed)
     layout = SplitLayout(cfg.run_dir)
     layout.orchestrator_dir.mkdir(parents=True, exist_ok=True)
     (layout.orchestrator_dir / "config.toml").write_text(dump_toml(cfg))
-    configure_default_pool(log_dir=cfg.run_dir / "logs")
     chat = ChatTokenizer(load_tokenizer(cfg.model.path, cfg.model.chat_template), cfg.env.tool_parser)
     train_rows, held_out = components.load_datasets(cfg.data, cfg.env.name)
     inf = cfg.inference
@@ -75,7 +74,7 @@ async def setup_orchestrator(cfg: RunConfig) -> Orchestrator:
             stop_token_ids=chat.stop_ids,
             timeout_s=inf.timeout_s,
         ),
-        make_env=components.env_factory(cfg.env),
+        make_env=components.env_factory(cfg.env, pool),
         sampler=PromptSampler(train_rows, cfg.data.seed),
         held_out=held_out[: cfg.eval.size],
         limits=LoopLimits.from_config(cfg.rollout, cfg.env.max_turns),
@@ -128,7 +127,7 @@ async def load_new_weights(orch: Orchestrator, step: int, max_off_policy_steps: 
 
     def ready() -> bool | None:
         newest = max(published_steps(orch.layout.weights), default=0)
-        return True if admitted(step, max(newest, orch.weight_step), max_off_policy_steps) else None
+        return True if within_staleness(max(newest, orch.weight_step), step, max_off_policy_steps) else None
 
     await wait_until(
         ready,
@@ -189,8 +188,7 @@ async def orchestrator_step(orch: Orchestrator, step: int) -> dict[str, float]:
     return {
         **rollout_metrics(sampled),
         **batch_metrics,
-        "async/staleness_mean": sum(stale) / len(stale),
-        "async/staleness_max": float(max(stale)),
+        **staleness_metrics(stale),
         "weights/step": float(orch.weight_step),
         "time/wait_weights": t_wait,
         "time/generate": t_generate,
@@ -201,7 +199,8 @@ async def orchestrator_step(orch: Orchestrator, step: int) -> dict[str, float]:
 
 
 async def orchestrate(cfg: RunConfig) -> dict[str, Any]:
-    orch = await setup_orchestrator(cfg)
+    pool = MCPPool(log_dir=cfg.run_dir / "logs")
+    orch = await setup_orchestrator(cfg, pool)
     steps = cfg.trainer.steps
     try:
         before = None
@@ -223,7 +222,7 @@ async def orchestrate(cfg: RunConfig) -> dict[str, Any]:
     finally:
         orch.logger.close()
         await orch.engine.close()
-        await close_default_pool()
+        await pool.aclose()
 
 
 def _as_dict(result: EvalResult | None) -> dict[str, Any] | None:

@@ -10,25 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
-import os
 import re
-import shutil
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from thermik.atomic import publish_dir as publish_atomic
+from thermik.atomic import remove_dir
 from thermik.training.batch import TokenBatch
 
 T = TypeVar("T")
 DONE = "DONE"
-TMP_PREFIX = ".tmp_"
 BATCH_FILE = "batch.safetensors"
 TRAJECTORIES_FILE = "trajectories.jsonl"
 META_FILE = "meta.json"
@@ -79,30 +76,14 @@ def published_steps(root: Path) -> list[int]:
 
 
 def publish_dir(final: Path, write: Callable[[Path], None]) -> Path:
-    """Run `write(tmp_dir)`, add the DONE marker and rename tmp_dir to `final` (replacing an older copy)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    """Run `write(tmp_dir)`, add the DONE marker and rename tmp_dir to `final` (replacing an older copy, e.g. of a
+    restarted process)."""
+
+    def write_then_mark(tmp: Path) -> None:
         write(tmp)
         (tmp / DONE).write_text(f"{time.time():.3f}\n")
-        if final.exists():  # published again (a restarted process): retire the old copy first
-            remove_dir(final)
-        tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
 
-
-def remove_dir(path: Path) -> None:
-    """Rename out of sight (no longer a step directory), then delete."""
-    doomed = path.parent / f"{TMP_PREFIX}delete_{path.name}-{uuid.uuid4().hex[:8]}"
-    try:
-        path.rename(doomed)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(doomed, ignore_errors=True)
+    return publish_atomic(final, write_then_mark)
 
 
 def prune_steps(root: Path, below: int) -> None:
@@ -110,13 +91,6 @@ def prune_steps(root: Path, below: int) -> None:
     for step in published_steps(root):
         if step < below:
             remove_dir(root / f"step_{step}")
-
-
-def write_json_atomic(path: Path, value: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
-    tmp.write_text(json.dumps(value, indent=2, sort_keys=True))
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- batches
@@ -137,12 +111,6 @@ def load_batch(directory: Path) -> TokenBatch:
 
 class SplitTimeout(RuntimeError):
     """One process waited longer than split.wait_timeout_s for the other."""
-
-
-def admitted(step: int, newest_weights: int, max_off_policy_steps: int) -> bool:
-    """The orchestrator may sample step `step` once the trainer has published the weights of a step
-    >= step - max_off_policy_steps (0: the weights of exactly this step, i.e. synchronous)."""
-    return newest_weights >= step - max_off_policy_steps
 
 
 async def wait_until(

@@ -14,7 +14,7 @@ from typing import Any
 
 from thermik.config.loader import dump_toml
 from thermik.config.schema import RunConfig
-from thermik.inference.remote import WEIGHTS_FILE, write_safetensors
+from thermik.inference.weights import WEIGHTS_FILE, write_safetensors
 from thermik.monitor.plots import plot_run
 from thermik.monitor.progress import StepProgress
 from thermik.training import components
@@ -83,7 +83,7 @@ async def trainer_step(learner: Learner, layout: SplitLayout, step: int) -> dict
     return {
         **metrics,
         "weights/step": float(step + 1),
-        "split/staleness": float(step - int(meta["weight_step"])),
+        "off_policy/staleness_max": float(step - int(meta["weight_step"])),
         "time/wait_rollouts": t_wait,
         "time/train": t_train,
         "time/weight_sync": time.perf_counter() - t0,

@@ -21,8 +21,9 @@ from thermik.config.schema import EnvConfig
 from thermik.envs.answers import normalize_answer, numbers_match, tagged_answer, to_number
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.tool_use import ServerTools, function_schema
-from thermik.tools.servers import sql as sql_server
-from thermik.tools.servers.shop_db import QueryResult, ReadOnlyDatabase, SQLError, database_path
+from thermik.tasks.text2sql import server as sql_server
+from thermik.tasks.text2sql.shop_db import QueryResult, ReadOnlyDatabase, SQLError, database_path
+from thermik.tools.mcp_pool import MCPPool
 
 SQL_TOOLS: list[dict[str, Any]] = [
     function_schema("list_tables", "List the tables of the database.", {}, []),
@@ -64,7 +65,11 @@ def answer_matches(answer: str, gold: QueryResult) -> bool:
 
 
 class Text2SQLEnv(Env):
-    def __init__(self, *, reward_spec: dict[str, Any], extra_info: dict[str, Any], options: EnvConfig) -> None:
+    uses_mcp_pool = True
+
+    def __init__(
+        self, *, reward_spec: dict[str, Any], extra_info: dict[str, Any], options: EnvConfig, pool: MCPPool
+    ) -> None:
         gold = reward_spec.get("ground_truth")
         if not isinstance(gold, str) or not gold.strip():
             raise ValueError(f"text2sql: reward_spec['ground_truth'] must be the gold SQL string, got {gold!r}")
@@ -75,7 +80,7 @@ class Text2SQLEnv(Env):
             raise ValueError(f"text2sql: the gold SQL fails on {self.db}: {exc}") from None
         self.ordered = bool(_ORDER_BY.search(gold))
         self.tools = SQL_TOOLS
-        self.server = ServerTools(sql_server.server_spec(self.db), SQL_TOOLS, options)
+        self.server = ServerTools(sql_server.server_spec(self.db), SQL_TOOLS, options, pool)
 
     def step(self, action: str) -> StepOutput:
         raise TypeError("Text2SQLEnv calls an MCP server asynchronously: use `await env.astep(action)`")

@@ -1,6 +1,6 @@
 """A misbehaving MCP server for fault tests: crashes, hangs, floods, emits bad bytes, keeps file state.
 
-Run: `python -m thermik.tools.servers.faulty [--crash-after N] [--state-file PATH]
+Run: `python -m thermik.tools.faulty_server [--crash-after N] [--state-file PATH]
 [--transport stdio|streamable-http --port P]`.
 
 Tools: `echo(text)`, `add(a, b)`, `sleep(seconds)` (async: the server stays responsive),
@@ -15,22 +15,22 @@ import argparse
 import asyncio
 import contextlib
 import os
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from thermik.tools.launch import module_server_spec
 from thermik.tools.mcp_pool import ServerSpec
 
-MODULE = "thermik.tools.servers.faulty"
+MODULE = "thermik.tools.faulty_server"
 
 
 def server_spec(*extra_args: str, data_path: str | None = None, name: str = "faulty") -> ServerSpec:
     """How MCPPool launches this server with the current interpreter (PYTHONPATH kept for a source checkout)."""
-    env = (("PYTHONPATH", os.environ["PYTHONPATH"]),) if os.environ.get("PYTHONPATH") else ()
-    return ServerSpec(command=sys.executable, args=("-m", MODULE, *extra_args), env=env, name=name, data_path=data_path)
+    return module_server_spec(MODULE, *extra_args, name=name, data_path=data_path)
 
 
 _WIRE_INODE: list[int] = []
@@ -55,6 +55,14 @@ def build_server(crash_after: int = 0, state_file: Path | None = None) -> MCPSer
         calls += 1
         if crash_after and calls >= crash_after:
             os._exit(3)
+
+    _add_first_tools(app, count)
+    _add_last_tools(app, count, state_file)
+    return app
+
+
+def _add_first_tools(app: MCPServer, count: Callable[[], None]) -> None:
+    """echo, add, sleep (async), block (a hung server), pid; in the order list_tools reports them."""
 
     @app.tool()
     async def echo(text: str) -> str:
@@ -87,6 +95,10 @@ def build_server(crash_after: int = 0, state_file: Path | None = None) -> MCPSer
         """The server's process id."""
         return str(os.getpid())
 
+
+def _add_last_tools(app: MCPServer, count: Callable[[], None], state_file: Path | None) -> None:
+    """crash, big_output, non_utf8 (garbage on the wire), increment (file state); after the first ones."""
+
     @app.tool()
     async def crash() -> str:
         """Exit the server process immediately."""
@@ -114,8 +126,6 @@ def build_server(crash_after: int = 0, state_file: Path | None = None) -> MCPSer
         value = int(state_file.read_text() or "0") + 1
         state_file.write_text(str(value))
         return str(value)
-
-    return app
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,8 +11,8 @@ import random
 from typing import Any
 
 from thermik.envs.base import Message
+from thermik.tasks.search.corpus import Fact, build, default_index, format_results
 from thermik.tools.parsers import format_hermes_tool_call
-from thermik.tools.servers.corpus import Fact, build, default_index, format_results
 
 SEARCH_SYSTEM = "Answer the question. Use the search tool to find documents, then give a short answer in answer tags."
 SOLVER_K = 3

@@ -16,7 +16,8 @@ from thermik.config.schema import EnvConfig
 from thermik.envs.answers import exact_match, tagged_answer
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.tool_use import ServerTools, function_schema
-from thermik.tools.servers import search as search_server
+from thermik.tasks.search import server as search_server
+from thermik.tools.mcp_pool import MCPPool
 
 SEARCH_TOOLS: list[dict[str, Any]] = [
     function_schema(
@@ -30,14 +31,18 @@ SEARCH_TOOLS: list[dict[str, Any]] = [
 
 
 class SearchEnv(Env):
-    def __init__(self, *, reward_spec: dict[str, Any], extra_info: dict[str, Any], options: EnvConfig) -> None:
+    uses_mcp_pool = True
+
+    def __init__(
+        self, *, reward_spec: dict[str, Any], extra_info: dict[str, Any], options: EnvConfig, pool: MCPPool
+    ) -> None:
         golds = reward_spec.get("ground_truth")
         golds = [golds] if isinstance(golds, str) else golds
         if not isinstance(golds, list) or not golds or not all(isinstance(g, str) and g.strip() for g in golds):
             raise ValueError(f"search: reward_spec['ground_truth'] must be a non-empty list of strings, got {golds!r}")
         self.golds = golds
         self.tools = SEARCH_TOOLS
-        self.server = ServerTools(search_server.server_spec(), SEARCH_TOOLS, options)
+        self.server = ServerTools(search_server.server_spec(), SEARCH_TOOLS, options, pool)
         self.extra_info = extra_info
 
     def step(self, action: str) -> StepOutput:

@@ -12,9 +12,9 @@ from typing import Any
 
 from thermik.data.problem_key import make_key, read_key
 from thermik.envs.base import Message
+from thermik.tasks.text2sql.server import DEFAULT_MAX_ROWS
+from thermik.tasks.text2sql.shop_db import CITIES, PRODUCTS, STATUSES, YEARS, ReadOnlyDatabase, database_path
 from thermik.tools.parsers import format_hermes_tool_call
-from thermik.tools.servers.shop_db import CITIES, PRODUCTS, STATUSES, YEARS, ReadOnlyDatabase, database_path
-from thermik.tools.servers.sql import DEFAULT_MAX_ROWS
 
 SQL_SYSTEM = (
     "Answer the question with one SQLite query over the shop database (tables customers, products, orders, "

@@ -1,4 +1,4 @@
-"""How MCPPool launches a thermik server module with the current interpreter."""
+"""How MCPPool launches a thermik server module with the current interpreter, and where built task data lives."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import sys
 from thermik.tools.mcp_pool import ServerSpec
 
 
-def module_server_spec(module: str, *args: str) -> ServerSpec:
+def module_server_spec(module: str, *args: str, name: str = "", data_path: str | None = None) -> ServerSpec:
     """`python -m MODULE ARGS`; PYTHONPATH is passed on (the SDK forwards only a safe subset of our environment)."""
     env = (("PYTHONPATH", os.environ["PYTHONPATH"]),) if os.environ.get("PYTHONPATH") else ()
-    return ServerSpec(command=sys.executable, args=("-m", module, *args), env=env)
+    return ServerSpec(command=sys.executable, args=("-m", module, *args), env=env, name=name, data_path=data_path)
 
 
 def cache_dir() -> str:

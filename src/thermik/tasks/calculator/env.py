@@ -15,7 +15,8 @@ from typing import Any
 from thermik.config.schema import EnvConfig
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.tool_use import ServerTools
-from thermik.tools.servers.calculator import TOOL_NAME, server_spec
+from thermik.tasks.calculator.server import TOOL_NAME, server_spec
+from thermik.tools.mcp_pool import MCPPool
 
 CALCULATE_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -52,7 +53,11 @@ def answer_reward(answer_text: str, ground_truth: float) -> float:
 class CalculatorEnv(Env):
     """reward_spec["ground_truth"]: the numeric answer (int, float or numeric string)."""
 
-    def __init__(self, *, reward_spec: dict[str, Any], extra_info: dict[str, Any], options: EnvConfig) -> None:
+    uses_mcp_pool = True
+
+    def __init__(
+        self, *, reward_spec: dict[str, Any], extra_info: dict[str, Any], options: EnvConfig, pool: MCPPool
+    ) -> None:
         truth = reward_spec.get("ground_truth")
         value = (
             parse_number(str(truth)) if isinstance(truth, int | float | str) and not isinstance(truth, bool) else None
@@ -63,7 +68,7 @@ class CalculatorEnv(Env):
         self.tools = [CALCULATE_SCHEMA]
         self.extra_info = extra_info
         self.options = options
-        self.tool_server = ServerTools(server_spec(options.tool_latency_s), [CALCULATE_SCHEMA], options)
+        self.tool_server = ServerTools(server_spec(options.tool_latency_s), [CALCULATE_SCHEMA], options, pool)
         self.num_tool_calls = 0
         self.num_tool_failures = 0
 

@@ -1,4 +1,5 @@
-"""Held-out evaluation: success rate, mean reward and mean turns of sampled episodes."""
+"""Held-out evaluation: success rate, mean reward and mean turns of sampled episodes (pass@k of training groups is
+`rollout.metrics`; both count an episode as solved at `SUCCESS_THRESHOLD`)."""
 
 from __future__ import annotations
 

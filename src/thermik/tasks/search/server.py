@@ -1,6 +1,6 @@
 """BM25 search MCP server (stdio) over the shipped corpus of fictional towns and people (see corpus).
 
-Run: `python -m thermik.tools.servers.search`. Tools: search(query, k) -> the top-k documents as
+Run: `python -m thermik.tasks.search.server`. Tools: search(query, k) -> the top-k documents as
 '[doc_id] text' lines; open(doc_id) -> one document's full text.
 """
 
@@ -11,9 +11,9 @@ import argparse
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from thermik.tasks.search.corpus import default_index, format_results
+from thermik.tools.launch import module_server_spec
 from thermik.tools.mcp_pool import ServerSpec
-from thermik.tools.servers.corpus import default_index, format_results
-from thermik.tools.servers.launch import module_server_spec
 
 MAX_K = 10
 DEFAULT_K = 3
@@ -21,7 +21,7 @@ TOOL_NAMES = ("search", "open")
 
 
 def server_spec() -> ServerSpec:
-    return module_server_spec("thermik.tools.servers.search")
+    return module_server_spec("thermik.tasks.search.server")
 
 
 def build_server() -> MCPServer:

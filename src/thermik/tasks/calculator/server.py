@@ -1,6 +1,6 @@
 """Calculator MCP server (stdio): one tool, `calculate(expression) -> str`.
 
-Run: `python -m thermik.tools.servers.calculator [--latency SECONDS]`. The latency option
+Run: `python -m thermik.tasks.calculator.server [--latency SECONDS]`. The latency option
 sleeps before each answer, to simulate slow tools.
 """
 
@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import sys
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from thermik.tools.arith import ArithError, evaluate, format_number
+from thermik.tools.launch import module_server_spec
 from thermik.tools.mcp_pool import ServerSpec
 
 TOOL_NAME = "calculate"
@@ -23,12 +22,8 @@ TOOL_DESCRIPTION = "Evaluate an arithmetic expression (+ - * / // % **, parenthe
 
 def server_spec(latency_s: float = 0.0) -> ServerSpec:
     """How MCPPool launches this server with the current interpreter."""
-    args = ["-m", "thermik.tools.servers.calculator"]
-    if latency_s > 0:
-        args += ["--latency", repr(float(latency_s))]
-    # The SDK passes only a safe subset of our environment; keep PYTHONPATH so a source checkout imports.
-    env = (("PYTHONPATH", os.environ["PYTHONPATH"]),) if os.environ.get("PYTHONPATH") else ()
-    return ServerSpec(command=sys.executable, args=tuple(args), env=env)
+    args = ("--latency", repr(float(latency_s))) if latency_s > 0 else ()
+    return module_server_spec("thermik.tasks.calculator.server", *args)
 
 
 def build_server(latency_s: float = 0.0) -> MCPServer:

@@ -12,7 +12,7 @@ from typing import Any
 
 from thermik.config.schema import EnvConfig
 from thermik.envs.base import Env, StepOutput
-from thermik.envs.gsm8k import read_math_spec, verdicts
+from thermik.tasks.gsm8k.env import read_math_spec, verdicts
 
 FEEDBACK = "Incorrect, try again."
 

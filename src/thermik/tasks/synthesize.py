@@ -8,8 +8,8 @@ from typing import Any
 
 from thermik.config.schema import EnvConfig, LLMGeneratorConfig
 from thermik.data.dataset import write_rows
-from thermik.data.synthetic import generate_rows, solve
-from thermik.envs.registry import make
+from thermik.tasks.registry import generate_rows, llm_generate_rows, make_env, solve
+from thermik.tools.mcp_pool import MCPPool
 
 
 def synthesize(
@@ -20,8 +20,6 @@ def synthesize(
     Rows come from the environment's rule-based generator, or from a model when `llm` is given.
     """
     if llm is not None:
-        from thermik.data.llm_generate import llm_generate_rows
-
         rows = llm_generate_rows(env, n, llm, seed=seed, split=split)
     else:
         rows = generate_rows(env, n, seed, split=split)
@@ -29,9 +27,10 @@ def synthesize(
     rows_path, sft_path = out / "rows.jsonl", out / "sft.jsonl"
     write_rows(rows_path, rows)
     tmp = sft_path.with_suffix(".tmp")
+    pool = MCPPool()  # the envs are built only to read their tool schemas: no server is started
     with tmp.open("w") as f:
         for row in rows:
-            f.write(json.dumps({"messages": solve(row), "tools": _tools(env, row)}) + "\n")
+            f.write(json.dumps({"messages": solve(row), "tools": _tools(env, row, pool)}) + "\n")
     tmp.replace(sft_path)
     return rows_path, sft_path
 
@@ -45,6 +44,7 @@ def convert(conversations: Path, out: Path, env_class: str) -> tuple[Path, int]:
     return write_rows(out / "rows.jsonl", rows), len(rows)
 
 
-def _tools(env: str, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+def _tools(env: str, row: dict[str, Any], pool: MCPPool) -> list[dict[str, Any]] | None:
     options = EnvConfig(name=env)
-    return make(env, reward_spec=row["reward_spec"], extra_info=row.get("extra_info", {}), options=options).tools
+    extra_info = row.get("extra_info", {})
+    return make_env(env, reward_spec=row["reward_spec"], extra_info=extra_info, options=options, pool=pool).tools

@@ -1,6 +1,6 @@
 """Python sandbox MCP server (stdio): run_python(code, timeout_s) in a limited child process.
 
-Run: `python -m thermik.tools.servers.python_sandbox [--cpu S] [--memory-mb M] [--max-wall S]`.
+Run: `python -m thermik.tasks.code.server [--cpu S] [--memory-mb M] [--max-wall S]`.
 Each call gets a fresh temp directory; what the limits enforce is listed in sandbox_runner.
 """
 
@@ -13,9 +13,9 @@ import dataclasses
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from thermik.tasks.code.sandbox_runner import SandboxLimits, run_python
+from thermik.tools.launch import module_server_spec
 from thermik.tools.mcp_pool import ServerSpec
-from thermik.tools.servers.launch import module_server_spec
-from thermik.tools.servers.sandbox_runner import SandboxLimits, run_python
 
 TOOL_NAME = "run_python"
 MAX_CONCURRENT_RUNS = 4
@@ -24,7 +24,7 @@ MAX_CONCURRENT_RUNS = 4
 def server_spec(limits: SandboxLimits | None = None) -> ServerSpec:
     limits = limits or SandboxLimits()
     args = ("--cpu", str(limits.cpu_s), "--memory-mb", str(limits.memory_mb), "--max-wall", repr(limits.wall_s))
-    return module_server_spec("thermik.tools.servers.python_sandbox", *args)
+    return module_server_spec("thermik.tasks.code.server", *args)
 
 
 def build_server(limits: SandboxLimits) -> MCPServer:

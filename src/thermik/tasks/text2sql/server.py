@@ -1,6 +1,6 @@
 """Read-only SQL MCP server (stdio) over the shipped shop database (see shop_db).
 
-Run: `python -m thermik.tools.servers.sql [--db PATH] [--max-rows N] [--timeout S]`. Without --db it
+Run: `python -m thermik.tasks.text2sql.server [--db PATH] [--max-rows N] [--timeout S]`. Without --db it
 builds (once) and serves the shop database from the cache directory. Tools: list_tables,
 describe_table(table), query(sql) — SELECT only, at most --max-rows rows, at most --timeout seconds.
 """
@@ -13,16 +13,16 @@ from pathlib import Path
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from thermik.tasks.text2sql.shop_db import QUERY_TIMEOUT_S, ReadOnlyDatabase, SQLError, database_path
+from thermik.tools.launch import module_server_spec
 from thermik.tools.mcp_pool import ServerSpec
-from thermik.tools.servers.launch import module_server_spec
-from thermik.tools.servers.shop_db import QUERY_TIMEOUT_S, ReadOnlyDatabase, SQLError, database_path
 
 DEFAULT_MAX_ROWS = 20
 TOOL_NAMES = ("list_tables", "describe_table", "query")
 
 
 def server_spec(db: str | Path, max_rows: int = DEFAULT_MAX_ROWS) -> ServerSpec:
-    return module_server_spec("thermik.tools.servers.sql", "--db", str(db), "--max-rows", str(max_rows))
+    return module_server_spec("thermik.tasks.text2sql.server", "--db", str(db), "--max-rows", str(max_rows))
 
 
 def build_server(db: str | Path, max_rows: int = DEFAULT_MAX_ROWS, timeout_s: float = QUERY_TIMEOUT_S) -> MCPServer:

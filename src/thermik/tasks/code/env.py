@@ -19,7 +19,8 @@ from typing import Any
 from thermik.config.schema import EnvConfig
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.tool_use import ServerTools, function_schema
-from thermik.tools.servers import python_sandbox
+from thermik.tasks.code import server as python_sandbox
+from thermik.tools.mcp_pool import MCPPool
 
 RUN_PYTHON_TOOL = function_schema(
     python_sandbox.TOOL_NAME,
@@ -66,7 +67,11 @@ def harness(solution: str, tests: list[str], marker: str) -> str:
 
 
 class CodeEnv(Env):
-    def __init__(self, *, reward_spec: dict[str, Any], extra_info: dict[str, Any], options: EnvConfig) -> None:
+    uses_mcp_pool = True
+
+    def __init__(
+        self, *, reward_spec: dict[str, Any], extra_info: dict[str, Any], options: EnvConfig, pool: MCPPool
+    ) -> None:
         truth = reward_spec.get("ground_truth")
         tests = truth.get("tests") if isinstance(truth, dict) else None
         if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
@@ -76,7 +81,7 @@ class CodeEnv(Env):
             raise ValueError(f"code: reward_spec['scoring'] must be one of {SCORINGS}, got {scoring!r}")
         self.tests, self.scoring = tests, scoring
         self.tools = [RUN_PYTHON_TOOL]
-        self.server = ServerTools(python_sandbox.server_spec(), self.tools, options)
+        self.server = ServerTools(python_sandbox.server_spec(), self.tools, options, pool)
         self.extra_info = extra_info
 
     def step(self, action: str) -> StepOutput:
