@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerFast
 
 from thermik.config import load_config
 from thermik.config.schema import RunConfig
+from thermik.models.chat_template import with_system_text
 from thermik.models.loading import load_tokenizer
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits
@@ -93,6 +94,16 @@ def test_fallback_without_system_message_adds_one():
     with pytest.warns(ToolsIgnoredWarning):
         text = chat.render([{"role": "user", "content": "What is 2+3?"}], [CALCULATE_SCHEMA])
     assert text.startswith("<|im_start|>system\n# Tools\n") and text.count("<|im_start|>system") == 1
+
+
+def test_fallback_appends_to_a_system_message_given_as_parts():
+    messages = [
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": "x"},
+    ]
+    out = with_system_text(messages, "# Tools")
+    assert out[0]["content"] == [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "\n\n# Tools"}]
+    assert messages[0]["content"] == [{"type": "text", "text": "Be brief."}] and out[1:] == messages[1:]
 
 
 @pytest.mark.parametrize("tool_format", sorted(TOOL_CALL_FORMATTERS))

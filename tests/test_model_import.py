@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -88,6 +89,15 @@ def test_chat_template_override(source, tmp_path):
     template.write_text("{% for m in messages %}{{ m.content }}<|im_end|>{% endfor %}")
     out = import_model(source[2], tmp_path / "out", chat_template=template).out
     assert load_tokenizer(out).chat_template == template.read_text()
+
+
+def test_source_without_chat_template_needs_one(source, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(source[2], bare)
+    (bare / "chat_template.jinja").unlink()
+    with pytest.raises(ImportModelError, match=r"has no chat template; pass one with --chat-template FILE\.jinja"):
+        import_model(bare, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_source_names_what_to_pass(tmp_path):
