@@ -17,8 +17,8 @@ from typing import Any
 
 from thermik.config.schema import RunConfig
 from thermik.distributed.launch import DistributedRun, start
-from thermik.rollout.evaluation import EvalResult
 from thermik.rollout.context import RolloutContext, evaluate_held_out
+from thermik.rollout.evaluation import EvalResult
 from thermik.runs.build import Run, build_run, resume_logger
 from thermik.runs.loop import rl_plan, run_loop
 from thermik.runs.step import Rollout, rl_step, sample_rollout
