@@ -24,10 +24,10 @@ from typing import Any
 
 from thermik.config.loader import load_config
 from thermik.config.schema import RunConfig, SFTConfig
-from thermik.data.synthesize import synthesize
 from thermik.models.presets import init_model
-from thermik.training.rl import run_rl
-from thermik.training.sft import run_sft
+from thermik.runs.local import run_rl
+from thermik.runs.sft import run_sft
+from thermik.tasks.synthesize import synthesize
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "reverse_text"
 TARGET = 0.8  # issue 5: every algorithm reaches at least this held-out reward

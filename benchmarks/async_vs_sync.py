@@ -33,7 +33,7 @@ import httpx
 
 from thermik.config.loader import dump_toml, load_config
 from thermik.config.schema import RunConfig
-from thermik.training.rl import run_rl
+from thermik.runs.local import run_rl
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "calculator" / "rl.toml"
 
@@ -99,7 +99,7 @@ def _records(path: Path) -> list[dict]:
 
 
 def _summary(step_s: float, success: float, records: list[dict]) -> dict[str, float]:
-    stale = [r["async/staleness_mean"] for r in records if "async/staleness_mean" in r]
+    stale = [r["off_policy/staleness_mean"] for r in records if "off_policy/staleness_mean" in r]
     return {
         "step_s": step_s,
         "success": success,

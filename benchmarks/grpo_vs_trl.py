@@ -1,13 +1,13 @@
 """GRPO throughput, thermik vs TRL's GRPOTrainer, on the same tiny local model in one process.
 
 Both sides: the same freshly initialised preset model (thermik.models.presets.init_model), tokenizer and chat
-template; reverse_text prompts from thermik.data.synthetic; the reverse_text similarity reward; the same batch
+template; reverse_text prompts from thermik.tasks.registry; the reverse_text similarity reward; the same batch
 (prompts x group completions per step), max completion length, temperature 1, lr, AdamW (torch, not fused),
 constant schedule, clip 0.2/0.28, token-mean (DAPO) loss, no KL/reference model, one optimizer step per batch,
 one forward/backward micro-batch, fp32, and the same torch thread count.
 
 Measured: completions per second of wall time over `--steps` steps after one warm-up step (the warm-up pays
-for lazy initialisation on both sides). thermik runs its real step (`thermik.training.rl.setup` + `rl_step`,
+for lazy initialisation on both sides). thermik runs its real step (`thermik.runs.local.setup` + `LocalMode.step`,
 weight sync to its engine included); TRL runs `GRPOTrainer.train()`, each step timed from on_step_begin to
 on_step_end (generation, reward, forward/backward, optimizer step). By default the two alternate step by step
 (`--schedule interleaved`) so that background load on a shared machine hits both alike.
@@ -46,11 +46,11 @@ from thermik.config.schema import (
     SamplingConfig,
     TrainerConfig,
 )
-from thermik.data.synthetic import generate_rows
-from thermik.envs.reverse_text import reversal_reward
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.models.presets import init_model
-from thermik.training.rl import RLRun, rl_step, setup
+from thermik.runs.local import LocalMode, setup
+from thermik.tasks.registry import generate_rows
+from thermik.tasks.reverse_text.env import reversal_reward
 
 SIDES = ("thermik", "trl")
 SCHEDULES = ("interleaved", "sequential")
@@ -136,17 +136,16 @@ class ThermikStepper:
         self.run = self.loop.run_until_complete(self._setup(thermik_config(spec)))
 
     @staticmethod
-    async def _setup(cfg: RunConfig) -> RLRun:
-        return setup(cfg)
+    async def _setup(cfg: RunConfig) -> LocalMode:
+        return LocalMode(setup(cfg))
 
     def step(self, step: int) -> tuple[float, dict[str, float]]:
         t0 = time.perf_counter()
-        metrics = self.loop.run_until_complete(rl_step(self.run, step))
+        metrics = self.loop.run_until_complete(self.run.step(step))
         return time.perf_counter() - t0, metrics
 
     def close(self) -> None:
-        self.run.logger.close()
-        self.loop.run_until_complete(self.run.engine.close())
+        self.loop.run_until_complete(self.run.run.close())
         self.loop.close()
 
 

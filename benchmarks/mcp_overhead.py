@@ -22,10 +22,10 @@ from mcp import ClientSession
 from mcp.client.stdio import stdio_client
 
 from thermik.config.schema import EnvConfig
-from thermik.envs.registry import make
-from thermik.tools.mcp_pool import MCPPool, close_default_pool
+from thermik.tasks.calculator.server import TOOL_NAME, server_spec
+from thermik.tasks.registry import make_env
+from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import format_hermes_tool_call
-from thermik.tools.servers.calculator import TOOL_NAME, server_spec
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,11 @@ async def episode_throughput(episodes: int) -> tuple[float, float]:
         "<answer>20</answer>",
     ]
     truth = {"tool_sequence": [{"tool": TOOL_NAME}, {"tool": TOOL_NAME}], "answer": "20"}
+    pool = MCPPool()
 
     async def one() -> float:
-        env = make("mcp", reward_spec={"ground_truth": truth}, extra_info={"mcp_servers": [entry]}, options=options)
+        extra_info = {"mcp_servers": [entry]}
+        env = make_env("mcp", reward_spec={"ground_truth": truth}, extra_info=extra_info, options=options, pool=pool)
         try:
             await env.ainit([{"role": "user", "content": "compute"}])
             reward = 0.0
@@ -104,7 +106,7 @@ async def episode_throughput(episodes: int) -> tuple[float, float]:
     t0 = time.perf_counter()
     rewards = await asyncio.gather(*(one() for _ in range(episodes)))
     elapsed = time.perf_counter() - t0
-    await close_default_pool()
+    await pool.aclose()
     if rewards != [1.0] * episodes:
         raise RuntimeError(f"episodes did not all earn reward 1: {rewards}")
     return episodes / elapsed, 2 * episodes / elapsed

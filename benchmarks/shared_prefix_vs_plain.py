@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from thermik.models.presets import PRESETS, init_model
 from thermik.training.batch import TokenBatch
-from thermik.training.update import _micro_batches, batch_logprobs
+from thermik.training.update import batch_logprobs, micro_batches
 
 
 def grouped_batch(args: argparse.Namespace, vocab: int) -> TokenBatch:
@@ -47,7 +47,7 @@ def grouped_batch(args: argparse.Namespace, vocab: int) -> TokenBatch:
 def train_pass(model: torch.nn.Module, batch: TokenBatch, micro: int, shared: bool) -> float:
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
-    for _, mb in _micro_batches(batch, micro):
+    for _, mb in micro_batches(batch, micro):
         logp, _ = batch_logprobs(model, mb, 1.0, shared)
         (-(logp * mb.mask).sum() / batch.num_tokens).backward()
     return time.perf_counter() - t0

@@ -65,7 +65,7 @@ def short_rl_config(
     each keyword replaces keys of that config section."""
     from thermik.config.schema import RunConfig
     from thermik.data.dataset import write_rows
-    from thermik.data.synthetic import generate_rows
+    from thermik.tasks.registry import generate_rows
 
     write_rows(tmp_path / "train.jsonl", generate_rows("reverse_text", train_rows, 0, split="train"))
     write_rows(tmp_path / "eval.jsonl", generate_rows("reverse_text", eval_rows, 0, split="eval"))

@@ -11,11 +11,11 @@ import torch
 
 from thermik.config.schema import RunConfig
 from thermik.data.dataset import write_rows
-from thermik.data.synthetic import generate_rows
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.registry import register, unregister
 from thermik.models.loading import load_model
-from thermik.training.rl import run_rl, setup
+from thermik.runs.local import run_rl, setup
+from thermik.tasks.registry import generate_rows
 
 
 class LetterShareEnv(Env):
@@ -108,10 +108,9 @@ def test_many_options_through_the_loop(tmp_path, stopping_model_dir, letter_env)
     assert state["extra"]["kl_coef"] == pytest.approx(steps[-1]["policy/kl_coef"])
     run = setup(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"steps": 3})}))
     try:
-        assert run.start_step == 2 and run.algo.kl.value == pytest.approx(steps[-1]["policy/kl_coef"])
+        assert run.start_step == 2 and run.learner.algo.kl.value == pytest.approx(steps[-1]["policy/kl_coef"])
     finally:
-        run.logger.close()
-        asyncio.run(run.engine.close())
+        asyncio.run(run.close())
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from thermik.algorithms.health import DegenerateRatioDetector, DegenerateRatioEr
 from thermik.config.schema import AlgorithmConfig, TrainerConfig
 from thermik.models.loading import load_model
 from thermik.training.batch import TokenBatch
+from thermik.training.loss import LossSetup
 from thermik.training.reference import maybe_refresh
 from thermik.training.shaping import assign_advantages
 from thermik.training.update import logprobs_no_grad, policy_update
@@ -58,7 +59,8 @@ def _grads_after_update(policy, batch, alg, micro, mini_batches=1, lr=0.0, **kw)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     trainer = TrainerConfig(micro_batch_size=micro, mini_batches=mini_batches)
     trainer = trainer.model_copy(update={"optimizer": trainer.optimizer.model_copy(update={"max_grad_norm": 1e9})})
-    metrics = policy_update(model, kw.pop("ref", None), batch, alg, trainer, opt, sched, 1.0, **kw)
+    setup = LossSetup.from_config(alg, trainer, 1.0, kl_coef=kw.pop("kl_coef", None))
+    metrics = policy_update(model, kw.pop("ref", None), batch, setup, opt, sched, **kw)
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), metrics
 
 
@@ -174,7 +176,8 @@ def test_nan_loss_skips_the_step_then_fails(tiny_policy, tmp_path, monkeypatch) 
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    update = partial(policy_update, model, None, _batch(), alg, TrainerConfig(micro_batch_size=3), opt, sched, 1.0)
+    setup = LossSetup.from_config(alg, TrainerConfig(micro_batch_size=3), 1.0)
+    update = partial(policy_update, model, None, _batch(), setup, opt, sched)
     metrics = update(guard=guard)
     assert metrics["health/skipped_steps"] == 1
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # nothing moved

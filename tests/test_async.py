@@ -11,9 +11,9 @@ import pytest
 from tests.test_grpo_learns import lowercase_run_config
 from thermik.data.sampler import PromptSampler
 from thermik.envs.registry import register, unregister
+from thermik.rollout.group_producer import GroupProducer
 from thermik.rollout.trajectory import Trajectory
-from thermik.training.group_producer import GroupProducer
-from thermik.training.rl import run_rl
+from thermik.runs.local import run_rl
 
 ROWS = [{"prompt": [{"role": "user", "content": str(i)}]} for i in range(10)]
 
@@ -64,9 +64,9 @@ def test_staleness_never_exceeds_the_bound(k: int) -> None:
     seen = asyncio.run(train_steps(producer, weights, steps=12, train_s=0.003))
     for record in seen:
         assert all(0 <= record["version"] - v <= k for v in record["oldest"])
-        assert record["async/staleness_max"] <= k
+        assert record["off_policy/staleness_max"] <= k
     if k > 0:  # generation ran ahead while the trainer trained
-        assert max(r["async/staleness_max"] for r in seen) >= 1
+        assert max(r["off_policy/staleness_max"] for r in seen) >= 1
     # At most (k + 1) batches were ever started ahead of the trainer.
     assert producer._started <= (12 + k + 1) * 3
 
@@ -115,7 +115,7 @@ def test_async_run_learns_with_bounded_staleness(tmp_path, tiny_model_dir) -> No
     assert result["before"]["reward"] < 0.25
     assert result["after"]["reward"] > result["before"]["reward"] + 0.2
     lines = [json.loads(x) for x in (tmp_path / "async" / "metrics.jsonl").read_text().splitlines()]
-    staleness = [x["async/staleness_max"] for x in lines if "async/staleness_max" in x]
+    staleness = [x["off_policy/staleness_max"] for x in lines if "off_policy/staleness_max" in x]
     assert len(staleness) == 24 and max(staleness) <= 1 and max(staleness) == 1
     plots = tmp_path / "async" / "plots"
     assert (plots / "reward_vs_samples.png").stat().st_size > 0 and (plots / "reward_vs_time.png").stat().st_size > 0

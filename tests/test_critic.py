@@ -14,9 +14,10 @@ from tests.conftest import short_rl_config
 from thermik.algorithms.reductions import token_mean
 from thermik.algorithms.value_loss import clipped_value_loss
 from thermik.config.schema import CriticConfig, ModelConfig, OptimizerConfig
+from thermik.runs.local import run_rl, setup
 from thermik.training.batch import TokenBatch
 from thermik.training.critic import Critic
-from thermik.training.rl import CRITIC_DIR, run_rl, setup
+from thermik.training.learner import CRITIC_DIR
 
 # token 0: unclipped branch wins; token 1: the clipped branch wins (gradient cut); token 2: v = old; token 3 masked
 VALUES = [[1.0, 1.0, 0.5, 7.0]]
@@ -111,13 +112,13 @@ def test_ppo_with_gae_runs_end_to_end_and_resumes_the_critic(tmp_path, stopping_
     ckpt = tmp_path / "gae" / "checkpoints" / "step_6" / CRITIC_DIR
     run = setup(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"steps": 7})}))
     try:
-        assert run.start_step == 6 and run.critic is not None
+        critic = run.learner.critic
+        assert run.start_step == 6 and critic is not None
         saved = Critic.from_config(cfg.model, cfg.critic, 16)
         saved.load(ckpt)
-        for (name, p), q in zip(run.critic.model.state_dict().items(), saved.model.state_dict().values(), strict=True):
+        for (name, p), q in zip(critic.model.state_dict().items(), saved.model.state_dict().values(), strict=True):
             assert torch.equal(p, q), name
-        assert run.critic.model.head.weight.abs().sum() > 0  # trained, not the fresh zero head
-        assert run.critic.optimizer.state_dict()["state"][0]["step"] == 12  # 6 RL steps x 2 mini-batches
+        assert critic.model.head.weight.abs().sum() > 0  # trained, not the fresh zero head
+        assert critic.optimizer.state_dict()["state"][0]["step"] == 12  # 6 RL steps x 2 mini-batches
     finally:
-        run.logger.close()
-        asyncio.run(run.engine.close())
+        asyncio.run(run.close())

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from thermik.data.dataset import DatasetError, load_rows, read_jsonl, validate_row, write_jsonl, write_rows
-from thermik.data.synthetic import GENERATORS, generate_rows, solve, split_of
+from thermik.data.split import split_of
+from thermik.tasks.registry import GENERATORS, generate_rows, solve
 from thermik.tools.arith import evaluate
 
 

@@ -24,13 +24,14 @@ from tests.conftest import short_rl_config
 from tests.test_algorithms_rl import letter_env, stopping_model_dir  # noqa: F401  (fixtures, used by name)
 from tests.test_distributed_sharding import make_batch
 from thermik.config.schema import AlgorithmConfig, DistributedConfig, RunConfig, TrainerConfig
-from thermik.distributed import rl as ray_rl
 from thermik.distributed.launch import DistributedRun, TrainerWorkerError, start
 from thermik.distributed.sharding import shard_batch
 from thermik.inference.base import SamplingParams
+from thermik.runs import ray as ray_rl
 from thermik.training import components
 from thermik.training.batch import TokenBatch
 from thermik.training.checkpoint import load_training_state
+from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer
 from thermik.training.update import policy_update
 
@@ -39,8 +40,9 @@ pytestmark = pytest.mark.ray
 GRAD_ATOL = 1e-6  # fp32 (measured max 3e-8): the ranks change only the summation order
 PARAM_ATOL = 1e-6  # after one AdamW step, on every weight whose gradient is above SMALL_GRAD (measured 1.2e-7)
 SMALL_GRAD = 1e-6
-SMALL_GRAD_STEP_FRACTION = 0.02  # AdamW's first step is lr * g / (|g| + eps): for |g| ~ eps = 1e-8 it turns
-# ~1e-10 rounding differences in g into moves of ~1e-2 * lr (measured 8.8e-6 at lr 1e-3)
+SMALL_GRAD_STEP_FRACTION = 0.1  # AdamW's first step is lr * g / (|g| + eps): for |g| ~ eps = 1e-8 it turns
+# ~1e-10 rounding differences in g into moves of a few 1e-2 * lr (measured 8.8e-6 at lr 1e-3 on one CPU, 2.6e-5 on
+# an AMD EPYC with AMX: the matmul kernels, so the summation order, differ by CPU); a wrong gradient moves ~lr
 TEMPERATURE = 1.0
 
 
@@ -84,7 +86,8 @@ def single_process_update(
     opt, sched = build_optimizer(model, trainer.optimizer)
     extra = load_training_state(checkpoint, model, opt)
     sched.load_state_dict(extra["scheduler"])
-    metrics = policy_update(model, None, copy.deepcopy(batch), alg, trainer, opt, sched, TEMPERATURE)
+    setup = LossSetup.from_config(alg, trainer, TEMPERATURE)
+    metrics = policy_update(model, None, copy.deepcopy(batch), setup, opt, sched)
     return model, metrics
 
 
@@ -144,7 +147,12 @@ def test_mini_batches_match_single_process(dist_run: DistributedRun) -> None:
     batch = batch.slice(0, 4)
     dist_run.trainer.update(batch, alg, trainer, TEMPERATURE)
     ref_model, _ = single_process_update(cfg, checkpoint, batch, trainer, alg)
-    assert max_diff(dist_run.trainer.state_dict(), ref_model.state_dict()) < GRAD_ATOL
+    # The first AdamW step of the pair moves near-zero-gradient weights by rounding-sized fractions of lr (above);
+    # the second step's gradient then sees those weights: the same bound applies.
+    assert (
+        max_diff(dist_run.trainer.state_dict(), ref_model.state_dict())
+        < SMALL_GRAD_STEP_FRACTION * trainer.optimizer.lr
+    )
 
 
 @pytest.mark.parametrize("method", ["collective", "files"])

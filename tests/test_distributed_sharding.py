@@ -19,6 +19,7 @@ from thermik.distributed.placement import plan_placement
 from thermik.distributed.sharding import merge_metrics, shard_batch
 from thermik.training import components
 from thermik.training.batch import TokenBatch
+from thermik.training.loss import LossSetup
 from thermik.training.update import policy_update
 
 
@@ -72,7 +73,7 @@ def test_simulated_all_reduce_equals_single_process(tiny_model_dir: Path, minis:
             policy = ShardScaledPolicy(m)
             policy.set_grad_scales(scales)
             opt.register_step_post_hook(lambda *_: policy.advance_mini_batch())
-        policy_update(policy, None, copy.deepcopy(b), alg, trainer, opt, sched, 1.0)
+        policy_update(policy, None, copy.deepcopy(b), LossSetup.from_config(alg, trainer, 1.0), opt, sched)
         return {n: p.grad.clone() for n, p in m.named_parameters()}
 
     want = grads_after(copy.deepcopy(model), batch, None)

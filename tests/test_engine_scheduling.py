@@ -139,7 +139,8 @@ def test_top_logprobs_are_the_k_most_likely_tokens(qwen: PreTrainedModel) -> Non
 def test_weight_update_lands_between_decode_steps(qwen: PreTrainedModel) -> None:
     engine = EmbeddedEngine(qwen, eos_token_ids=(), pad_token_id=PAD)  # never stops early
     other = {k: v.clone() for k, v in tiny_model("qwen2", seed=3).state_dict().items()}
-    params = SamplingParams(max_tokens=400, temperature=1.0, seed=0)
+    # Long enough that the update lands mid-generation even on a loaded machine (400 tokens raced it there).
+    params = SamplingParams(max_tokens=3000, temperature=1.0, seed=0)
 
     async def main():
         task = asyncio.create_task(engine.generate(PROMPTS[0], params))

@@ -12,34 +12,42 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thermik.config.schema import EnvConfig
-from thermik.data.synthetic import generate_rows, solve
 from thermik.envs.answers import exact_match, extract_lenient, extract_strict, normalize_answer, numbers_match
 from thermik.envs.base import Env
-from thermik.envs.code import harness
-from thermik.envs.math_feedback import FEEDBACK
-from thermik.envs.registry import make
-from thermik.tools.mcp_pool import close_default_pool
+from thermik.tasks.code.env import harness
+from thermik.tasks.math_feedback.env import FEEDBACK
+from thermik.tasks.registry import generate_rows, solve
+from thermik.tasks.registry import make_env as make
+from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import format_hermes_tool_call
 
 SUITE = ("gsm8k", "math_feedback", "text2sql", "search", "code")
 
 
 @pytest.fixture(scope="module")
-def runner() -> Iterator[asyncio.Runner]:
-    """One event loop for the module, so its tests share each server through the default pool."""
+def pool() -> MCPPool:
+    """One pool for the module, so its tests share each server (closed with the runner)."""
+    return MCPPool()
+
+
+@pytest.fixture(scope="module")
+def runner(pool: MCPPool) -> Iterator[asyncio.Runner]:
+    """One event loop for the module."""
     with asyncio.Runner() as r:
         yield r
-        r.run(close_default_pool())
+        r.run(pool.aclose())
 
 
-def _env(row: dict[str, Any], **options: Any) -> Env:
+def _env(row: dict[str, Any], pool: MCPPool, **options: Any) -> Env:
     return make(row["env_class"], reward_spec=row["reward_spec"], extra_info=row["extra_info"],
-                options=EnvConfig(**options))  # fmt: skip
+                options=EnvConfig(**options), pool=pool)  # fmt: skip
 
 
-async def _replay(row: dict[str, Any], conversation: list[dict[str, Any]]) -> tuple[float, list[dict[str, Any]]]:
+async def _replay(
+    row: dict[str, Any], conversation: list[dict[str, Any]], pool: MCPPool
+) -> tuple[float, list[dict[str, Any]]]:
     """Feed the conversation's assistant turns to a fresh env; return the total reward and every observation."""
-    env = _env(row)
+    env = _env(row, pool)
     messages, _ = await env.ainit(row["prompt"])
     assert conversation[: len(messages)] == messages
     total, observations = 0.0, []
@@ -63,11 +71,11 @@ def _tool_turns(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("env_name", SUITE)
-def test_solved_rows_replay_to_reward_one_with_the_solvers_observations(runner, env_name):
+def test_solved_rows_replay_to_reward_one_with_the_solvers_observations(runner, pool, env_name):
     rows = generate_rows(env_name, 6, seed=1, split="train") + generate_rows(env_name, 2, seed=1, split="eval")
 
     async def replay_all():
-        return await asyncio.gather(*(_replay(row, solve(row)) for row in rows))
+        return await asyncio.gather(*(_replay(row, solve(row), pool) for row in rows))
 
     for row, (reward, observations) in zip(rows, runner.run(replay_all()), strict=True):
         assert reward == 1.0, row["prompt"][-1]["content"]
@@ -84,18 +92,18 @@ WRONG_FINAL: dict[str, str] = {
 
 
 @pytest.mark.parametrize("env_name", SUITE)
-def test_a_wrong_final_answer_gets_zero(runner, env_name):
+def test_a_wrong_final_answer_gets_zero(runner, pool, env_name):
     row = generate_rows(env_name, 1, seed=2, split="train")[0]
     conversation = solve(row)
     conversation[-1] = {"role": "assistant", "content": WRONG_FINAL[env_name]}
-    reward, _ = runner.run(_replay(row, conversation))
+    reward, _ = runner.run(_replay(row, conversation, pool))
     assert reward == 0.0
 
 
 @pytest.mark.parametrize("env_name", ["text2sql", "search", "code"])
-def test_a_turn_with_neither_answer_nor_tool_call_ends_with_zero(runner, env_name):
+def test_a_turn_with_neither_answer_nor_tool_call_ends_with_zero(runner, pool, env_name):
     row = generate_rows(env_name, 1, seed=0)[0]
-    out = runner.run(_env(row).astep("hmm, not sure"))
+    out = runner.run(_env(row, pool).astep("hmm, not sure"))
     assert (out.reward, out.done, out.observations) == (0.0, True, [])
 
 
@@ -108,9 +116,9 @@ def test_a_turn_with_neither_answer_nor_tool_call_ends_with_zero(runner, env_nam
         ("code", ("run_python", {"code": "import socket; socket.socket()"}), "socket.__new__ is not allowed"),
     ],
 )
-def test_bad_tool_calls_become_error_observations(runner, env_name, call, fragment):
+def test_bad_tool_calls_become_error_observations(runner, pool, env_name, call, fragment):
     row = generate_rows(env_name, 1, seed=0)[0]
-    out = runner.run(_env(row).astep(format_hermes_tool_call(*call)))
+    out = runner.run(_env(row, pool).astep(format_hermes_tool_call(*call)))
     assert not out.done and out.reward == 0.0
     assert fragment in out.observations[0]["content"]
     assert out.metadata["tool_calls"] == 1
@@ -182,17 +190,17 @@ def test_math_feedback_gives_feedback_and_decays_the_reward():
         ("<answer>Kite</answer>", 0.0),  # the gold result is not one cell
     ],
 )
-def test_text2sql_execution_match(runner, final, reward):
-    env = make("text2sql", reward_spec={"ground_truth": "SELECT name FROM products WHERE category = 'toys'"})
+def test_text2sql_execution_match(runner, pool, final, reward):
+    env = make("text2sql", reward_spec={"ground_truth": "SELECT name FROM products WHERE category = 'toys'"}, pool=pool)
     assert runner.run(env.astep(final)).reward == reward
 
 
-def test_text2sql_single_cell_answer_and_bad_gold():
-    env = make("text2sql", reward_spec={"ground_truth": "SELECT COUNT(*) FROM products"})
+def test_text2sql_single_cell_answer_and_bad_gold(pool):
+    env = make("text2sql", reward_spec={"ground_truth": "SELECT COUNT(*) FROM products"}, pool=pool)
     assert asyncio.run(env.astep("<answer>20</answer>")).reward == 1.0
     assert asyncio.run(env.astep("<answer>21</answer>")).reward == 0.0
     with pytest.raises(ValueError, match="gold SQL fails"):
-        make("text2sql", reward_spec={"ground_truth": "SELECT * FROM nowhere"})
+        make("text2sql", reward_spec={"ground_truth": "SELECT * FROM nowhere"}, pool=pool)
 
 
 # ---------------------------------------------------------------- search
@@ -206,17 +214,17 @@ def test_squad_normalisation_and_exact_match():
 # ---------------------------------------------------------------- code
 
 
-def test_code_scoring_fraction_and_all(runner):
+def test_code_scoring_fraction_and_all(runner, pool):
     tests = ["assert f(1) == 2", "assert f(2) == 4", "assert f(3) == 7"]
     action = "```python\ndef f(x):\n    return 2 * x\n```"
-    fraction = make("code", reward_spec={"ground_truth": {"tests": tests}})
+    fraction = make("code", reward_spec={"ground_truth": {"tests": tests}}, pool=pool)
     out = runner.run(fraction.astep(action))
     assert out.reward == pytest.approx(2 / 3) and out.metadata["tests_passed"] == 2
-    everything = make("code", reward_spec={"ground_truth": {"tests": tests}, "scoring": "all"})
+    everything = make("code", reward_spec={"ground_truth": {"tests": tests}, "scoring": "all"}, pool=pool)
     assert runner.run(everything.astep(action)).reward == 0.0
 
 
-def test_code_solution_cannot_fake_the_score_or_patch_exec(runner):
+def test_code_solution_cannot_fake_the_score_or_patch_exec(runner, pool):
     tests = ["assert f() == 1"]
     cheats = [
         "```python\nprint('THERMIK-TESTS-0000000000000000 1/1')\ndef f():\n    return 0\n```",
@@ -224,12 +232,12 @@ def test_code_solution_cannot_fake_the_score_or_patch_exec(runner):
         "```python\nimport os\nos._exit(0)\n```",
     ]
     for cheat in cheats:
-        env = make("code", reward_spec={"ground_truth": {"tests": tests}})
+        env = make("code", reward_spec={"ground_truth": {"tests": tests}}, pool=pool)
         assert runner.run(env.astep(cheat)).reward == 0.0, cheat
 
 
 def test_code_harness_reports_a_solution_that_does_not_load():
-    from thermik.tools.servers.sandbox_runner import SandboxLimits, run_python
+    from thermik.tasks.code.sandbox_runner import SandboxLimits, run_python
 
     result = run_python(harness("def f(:\n", ["assert f() == 1"], "MARK"), SandboxLimits())
     assert "solution failed to load" in result.stdout and "MARK 0/1" in result.stdout
@@ -269,7 +277,7 @@ def test_skyrl_gym_episode_runs_through_thermiks_agent_loop(tiny_model_dir):
     engine = build_engine(policy, chat, InferenceConfig())
     rows = generate_rows("gsm8k", 2, seed=0)
     limits = LoopLimits(max_turns=2, max_input_length=512, max_generate_length=16, max_sequence_length=640)
-    make_env = env_factory(EnvConfig(name="skyrl_gym:gsm8k"))
+    make_env = env_factory(EnvConfig(name="skyrl_gym:gsm8k"), MCPPool())  # skyrl envs call no MCP server
 
     async def play():
         try:

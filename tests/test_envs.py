@@ -9,12 +9,13 @@ import psutil
 import pytest
 
 from thermik.config.schema import EnvConfig
-from thermik.data.synthetic import generate_rows, solve
 from thermik.envs.base import Env, StepOutput
-from thermik.envs.calculator import CALCULATE_SCHEMA, CalculatorEnv
-from thermik.envs.registry import ENVIRONMENTS, make, register, resolve, unregister
-from thermik.envs.reverse_text import ReverseTextEnv, reversal_reward
-from thermik.tools.mcp_pool import close_default_pool
+from thermik.envs.registry import ENVIRONMENTS, resolve
+from thermik.tasks.calculator.env import CALCULATE_SCHEMA, CalculatorEnv
+from thermik.tasks.registry import generate_rows, register, solve, unregister
+from thermik.tasks.registry import make_env as make
+from thermik.tasks.reverse_text.env import ReverseTextEnv, reversal_reward
+from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import format_hermes_tool_call
 
 
@@ -31,21 +32,33 @@ class _NotAnEnv:
 
 
 @pytest.fixture(scope="module")
-def runner() -> Iterator[asyncio.Runner]:
-    """One event loop for the module, so its tests share one calculator server through the default pool."""
+def pool() -> MCPPool:
+    """One pool for the module, so its tests share one calculator server (closed with the runner)."""
+    return MCPPool()
+
+
+@pytest.fixture(scope="module")
+def runner(pool: MCPPool) -> Iterator[asyncio.Runner]:
+    """One event loop for the module."""
     with asyncio.Runner() as r:
         yield r
-        r.run(close_default_pool())
+        r.run(pool.aclose())
 
 
 # ---------------------------------------------------------------- registry
 
 
-def test_make_builtins_by_name_and_path():
+def test_make_builtins_by_name_and_path(pool):
     env = make("reverse_text", reward_spec={"ground_truth": "cba"})
     assert isinstance(env, ReverseTextEnv)
-    env = make("thermik.envs.calculator:CalculatorEnv", reward_spec={"ground_truth": 3}, options=EnvConfig())
-    assert isinstance(env, CalculatorEnv)
+    path = "thermik.tasks.calculator.env:CalculatorEnv"
+    env = make(path, reward_spec={"ground_truth": 3}, options=EnvConfig(), pool=pool)
+    assert isinstance(env, CalculatorEnv) and env.tool_server.pool is pool
+
+
+def test_make_mcp_env_without_pool_is_an_error():
+    with pytest.raises(ValueError, match="calls MCP servers"):
+        make("calculator", reward_spec={"ground_truth": 3})
 
 
 def test_make_unknown_name_lists_valid_names():
@@ -81,6 +94,8 @@ def test_register_user_env_and_reject_duplicates():
     finally:
         unregister("echo_test")
     assert "echo_test" not in ENVIRONMENTS
+    with pytest.raises(ValueError, match="cannot unregister built-in"):
+        unregister("calculator")
     with pytest.raises(ValueError, match=r"pkg\.mod:Class"):
         register("bad_entry", "not_a_path")
 
@@ -122,8 +137,9 @@ def test_reverse_text_rejects_bad_ground_truth():
 # ---------------------------------------------------------------- calculator (real MCP server)
 
 
-def _calc(truth, **options) -> CalculatorEnv:
-    env = make("calculator", reward_spec={"method": "rule", "ground_truth": truth}, options=EnvConfig(**options))
+def _calc(pool: MCPPool, truth, **options) -> CalculatorEnv:
+    spec = {"method": "rule", "ground_truth": truth}
+    env = make("calculator", reward_spec=spec, options=EnvConfig(**options), pool=pool)
     assert isinstance(env, CalculatorEnv)
     return env
 
@@ -132,8 +148,8 @@ def _call(expression: str, name: str = "calculate") -> str:
     return format_hermes_tool_call(name, {"expression": expression})
 
 
-def test_calculator_correct_solve_gets_one(runner):
-    env = _calc(338)
+def test_calculator_correct_solve_gets_one(runner, pool):
+    env = _calc(pool, 338)
     assert env.tools == [CALCULATE_SCHEMA] and CALCULATE_SCHEMA["function"]["name"] == "calculate"
     first = runner.run(env.astep(_call("23 + 45 * 7")))
     assert first.observations == [{"role": "tool", "name": "calculate", "content": "338"}]
@@ -144,13 +160,13 @@ def test_calculator_correct_solve_gets_one(runner):
 
 
 @pytest.mark.parametrize(("answer", "reward"), [("337", 0.0), ("338.0", 1.0), (" 338 ", 1.0), ("abc", 0.0)])
-def test_calculator_answer_is_compared_numerically(runner, answer, reward):
-    out = runner.run(_calc("338").astep(f"<answer>{answer}</answer>"))
+def test_calculator_answer_is_compared_numerically(runner, pool, answer, reward):
+    out = runner.run(_calc(pool, "338").astep(f"<answer>{answer}</answer>"))
     assert (out.reward, out.done) == (reward, True)
 
 
-def test_calculator_malformed_and_unknown_tool_calls_are_error_observations(runner):
-    env = _calc(3)
+def test_calculator_malformed_and_unknown_tool_calls_are_error_observations(runner, pool):
+    env = _calc(pool, 3)
     bad = runner.run(env.astep('<tool_call>{"name": "calculate", "arguments": {</tool_call>'))
     assert not bad.done and bad.reward == 0.0
     assert len(bad.observations) == 1 and bad.observations[0]["content"].startswith("error: invalid JSON")
@@ -162,18 +178,18 @@ def test_calculator_malformed_and_unknown_tool_calls_are_error_observations(runn
     assert (env.num_tool_calls, env.num_tool_failures) == (3, 3)
 
 
-def test_calculator_turn_without_answer_or_call_ends_with_zero(runner):
-    out = runner.run(_calc(3).astep("I think it is 3."))
+def test_calculator_turn_without_answer_or_call_ends_with_zero(runner, pool):
+    out = runner.run(_calc(pool, 3).astep("I think it is 3."))
     assert (out.reward, out.done, out.observations) == (0.0, True, [])
 
 
-def test_calculator_sync_step_points_to_astep():
+def test_calculator_sync_step_points_to_astep(pool):
     with pytest.raises(TypeError, match="astep"):
-        _calc(1).step("<answer>1</answer>")
+        _calc(pool, 1).step("<answer>1</answer>")
 
 
-def test_calculator_tool_timeout_is_an_error_observation_not_a_hang(runner):
-    env = _calc(2, tool_latency_s=2.0, tool_timeout_s=0.3)
+def test_calculator_tool_timeout_is_an_error_observation_not_a_hang(runner, pool):
+    env = _calc(pool, 2, tool_latency_s=2.0, tool_timeout_s=0.3)
 
     async def timed():
         return await asyncio.wait_for(env.astep(_call("1 + 1")), 15.0)
@@ -184,17 +200,18 @@ def test_calculator_tool_timeout_is_an_error_observation_not_a_hang(runner):
     assert out.metadata == {"tool_calls": 1, "tool_failures": 1}
 
 
-def test_calculator_rejects_non_numeric_ground_truth():
+def test_calculator_rejects_non_numeric_ground_truth(pool):
     with pytest.raises(ValueError, match="ground_truth"):
-        _calc("many")
+        _calc(pool, "many")
 
 
 # ---------------------------------------------------------------- replay of synthetic solutions
 
 
-async def _replay(row: dict) -> tuple[float, bool]:
+async def _replay(row: dict, pool: MCPPool) -> tuple[float, bool]:
     """Feed the solver's assistant turns to the env; the env's observations must equal the solver's tool turns."""
-    env = make(row["env_class"], reward_spec=row["reward_spec"], extra_info=row["extra_info"], options=EnvConfig())
+    spec, extra_info = row["reward_spec"], row["extra_info"]
+    env = make(row["env_class"], reward_spec=spec, extra_info=extra_info, options=EnvConfig(), pool=pool)
     conversation = solve(row)
     messages, _ = await env.ainit(row["prompt"])
     assert conversation[: len(messages)] == messages
@@ -216,11 +233,11 @@ async def _replay(row: dict) -> tuple[float, bool]:
 
 
 @pytest.mark.parametrize(("env_name", "n"), [("calculator", 20), ("reverse_text", 100)])
-def test_solved_synthetic_rows_replay_to_reward_one(runner, env_name, n):
+def test_solved_synthetic_rows_replay_to_reward_one(runner, pool, env_name, n):
     rows = generate_rows(env_name, n, seed=3, split="train") + generate_rows(env_name, 5, seed=3, split="eval")
 
     async def replay_all():
-        return await asyncio.gather(*(_replay(row) for row in rows))
+        return await asyncio.gather(*(_replay(row, pool) for row in rows))
 
     assert runner.run(replay_all()) == [(1.0, True)] * len(rows)
 
@@ -229,10 +246,11 @@ def _live_children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != "zombie"}
 
 
-def test_env_server_is_reaped_by_close_default_pool():
+def test_env_server_is_reaped_by_closing_the_pool():
     before = _live_children()  # the module runner's servers are still up
+    own = MCPPool()
     with asyncio.Runner() as r:
-        r.run(_calc(2).astep(_call("1+1")))
+        r.run(_calc(own, 2).astep(_call("1+1")))
         assert len(_live_children() - before) == 1
-        r.run(close_default_pool())
+        r.run(own.aclose())
     assert _live_children() - before == set()

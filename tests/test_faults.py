@@ -19,11 +19,11 @@ from test_mcp_env import faulty_entry
 from test_rollout import ScriptedEngine
 
 from thermik.config.schema import EnvConfig, SamplingConfig
-from thermik.envs.registry import make
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits, run_episode
 from thermik.rollout.tokenization import ChatTokenizer
-from thermik.tools.mcp_pool import close_default_pool
+from thermik.tasks.registry import make_env
+from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import format_hermes_tool_call as call
 
 ECHO_OK = call("echo", {"text": "ok"})
@@ -43,16 +43,29 @@ def _children() -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def runner() -> Iterator[asyncio.Runner]:
-    """One event loop, hence one shared pool and server, for the module; at the end nothing may be left."""
+def pool() -> MCPPool:
+    """One pool, hence one shared server, for the module (closed with the runner)."""
+    return MCPPool()
+
+
+@pytest.fixture(scope="module")
+def runner(pool: MCPPool) -> Iterator[asyncio.Runner]:
+    """One event loop for the module; at the end nothing may be left."""
     before = set(_children())
     with asyncio.Runner() as r:
         yield r
-        r.run(close_default_pool())
+        r.run(pool.aclose())
     assert set(_children()) <= before, "a server process outlived the pool"
 
 
-def _play(runner, scripts: list[list[str]], server_args: tuple[str, ...] = (), max_turns: int = 4, **options):
+def _play(
+    runner: asyncio.Runner,
+    pool: MCPPool,
+    scripts: list[list[str]],
+    server_args: tuple[str, ...] = (),
+    max_turns: int = 4,
+    **options,
+):
     """Play the scripts as consecutive episodes on the module's loop (one shared pool); returns trajectories."""
     chat = ChatTokenizer(build_tokenizer())
     limits = LoopLimits(max_turns=max_turns, max_input_length=8192, max_generate_length=512, max_sequence_length=65536)
@@ -66,7 +79,8 @@ def _play(runner, scripts: list[list[str]], server_args: tuple[str, ...] = (), m
     async def go():
         trajectories = []
         for texts in scripts:
-            env = make("mcp", reward_spec=row["reward_spec"], extra_info=row["extra_info"], options=config)
+            spec, extra_info = row["reward_spec"], row["extra_info"]
+            env = make_env("mcp", reward_spec=spec, extra_info=extra_info, options=config, pool=pool)
             try:
                 engine = ScriptedEngine(chat, texts)
                 trajectories.append(await run_episode(engine, env, chat, row["prompt"], limits, SamplingConfig()))
@@ -102,18 +116,18 @@ ANSWER = "<answer>ok</answer>"
     ],
     ids=["crash", "unknown_tool", "bad_argument_type", "missing_argument", "malformed_call"],
 )
-def test_fault_is_an_error_observation_and_the_run_goes_on(runner, fault, expected):
-    traj, next_traj = _play(runner, [[fault, ECHO_OK, ANSWER], [ECHO_OK, ANSWER]])
+def test_fault_is_an_error_observation_and_the_run_goes_on(runner, pool, fault, expected):
+    traj, next_traj = _play(runner, pool, [[fault, ECHO_OK, ANSWER], [ECHO_OK, ANSWER]])
     assert _tool_texts(traj)[0].startswith(expected), _tool_texts(traj)[0]
     assert traj.env_metrics["tool_failures"] == 1.0
     _assert_recovered(traj, next_traj)
 
 
 @pytest.mark.slow
-def test_hung_server_times_out_and_is_replaced(runner):
+def test_hung_server_times_out_and_is_replaced(runner, pool):
     t0 = time.perf_counter()
     traj, next_traj = _play(
-        runner, [[call("block", {"seconds": 60}), ECHO_OK, ANSWER], [ECHO_OK, ANSWER]], tool_timeout_s=1.0
+        runner, pool, [[call("block", {"seconds": 60}), ECHO_OK, ANSWER], [ECHO_OK, ANSWER]], tool_timeout_s=1.0
     )
     assert _tool_texts(traj)[0] == "error: tool 'block' timed out after 1s"
     _assert_recovered(traj, next_traj)
@@ -121,9 +135,10 @@ def test_hung_server_times_out_and_is_replaced(runner):
 
 
 @pytest.mark.slow
-def test_ten_megabyte_output_is_truncated(runner):
+def test_ten_megabyte_output_is_truncated(runner, pool):
     traj, next_traj = _play(
         runner,
+        pool,
         [[call("big_output", {"chars": 10_000_000}), ECHO_OK, ANSWER], [ECHO_OK, ANSWER]],
         tool_timeout_s=60.0,
         tool_max_output_chars=2000,
@@ -134,15 +149,15 @@ def test_ten_megabyte_output_is_truncated(runner):
     _assert_recovered(traj, next_traj)
 
 
-def test_non_utf8_bytes_on_the_wire_cost_one_line_not_the_episode(runner):
-    traj, next_traj = _play(runner, [[call("non_utf8", {}), ECHO_OK, ANSWER], [ECHO_OK, ANSWER]])
+def test_non_utf8_bytes_on_the_wire_cost_one_line_not_the_episode(runner, pool):
+    traj, next_traj = _play(runner, pool, [[call("non_utf8", {}), ECHO_OK, ANSWER], [ECHO_OK, ANSWER]])
     assert _tool_texts(traj)[0] == "after garbage"  # the bad line is dropped; the answer after it arrives
     _assert_recovered(traj, next_traj)
 
 
 @pytest.mark.slow
-def test_server_that_dies_on_every_call_ends_the_episode_at_max_turns(runner):
-    (traj,) = _play(runner, [[ECHO_OK, ECHO_OK]], server_args=("--crash-after", "1"), max_turns=2)
+def test_server_that_dies_on_every_call_ends_the_episode_at_max_turns(runner, pool):
+    (traj,) = _play(runner, pool, [[ECHO_OK, ECHO_OK]], server_args=("--crash-after", "1"), max_turns=2)
     assert traj.stop_reason == "max_turns" and sum(traj.rewards) == 0.0
     assert all("tool server connection lost" in text for text in _tool_texts(traj))
     assert traj.env_metrics["tool_failures"] == 2.0

@@ -17,8 +17,9 @@ from thermik.cli import main
 from thermik.config.schema import LLMGeneratorConfig
 from thermik.data.convert import compact_row, convert_conversations
 from thermik.data.dataset import DatasetError, load_rows, read_jsonl, validate_row
-from thermik.data.llm_generate import Rejected, llm_generate_rows, parse_reply
-from thermik.data.synthetic import generate_rows, solve, split_of
+from thermik.data.llm_generate import Rejected, parse_reply
+from thermik.data.split import split_of
+from thermik.tasks.registry import generate_rows, llm_generate_rows, solve
 from thermik.tools.parsers import format_hermes_tool_call
 
 NEW_ENVS = ("gsm8k", "math_feedback", "text2sql", "search", "code")

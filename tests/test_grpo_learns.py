@@ -12,7 +12,7 @@ from tests.conftest import short_rl_config
 from thermik.config.schema import RunConfig
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.registry import register, unregister
-from thermik.training.rl import run_rl
+from thermik.runs.local import run_rl
 
 
 class CountLetterEnv(Env):

@@ -11,9 +11,9 @@ from test_algorithms_rl import letter_env, stopping_model_dir  # noqa: F401  (fi
 from tests.conftest import short_rl_config
 from thermik.config.schema import InferenceConfig, LoRAConfig, ModelConfig, OptimizerConfig
 from thermik.models.loading import load_model
+from thermik.runs.local import run_rl
 from thermik.training import components
 from thermik.training.optim import build_optimizer
-from thermik.training.rl import run_rl
 
 peft = pytest.importorskip("peft")
 from thermik.training.lora import merged_lora_weights  # noqa: E402  (needs peft)

@@ -11,16 +11,16 @@ import pytest
 from test_rollout import ScriptedEngine
 
 from thermik.config.schema import EnvConfig, SamplingConfig
-from thermik.data.synthetic import generate_rows, solve
 from thermik.envs.mcp_tool_env import MCPToolEnv, episode_reward, sequence_score, values_match
-from thermik.envs.registry import make
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits, run_episode
 from thermik.rollout.tokenization import ChatTokenizer
+from thermik.tasks.registry import generate_rows, solve
+from thermik.tasks.registry import make_env as make
+from thermik.tools.faulty_server import MODULE
 from thermik.tools.local import ToolGroup
-from thermik.tools.mcp_pool import close_default_pool
+from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import TOOL_CALL_FORMATTERS, ToolCall
-from thermik.tools.servers.faulty import MODULE
 from thermik.tools.toolbox import ToolLimitError
 
 LOCAL_TOOLS = ToolGroup("local")
@@ -88,34 +88,43 @@ def test_episode_reward_gate_and_mean():
 
 def test_limits_and_bad_rows_fail_with_clear_errors():
     options = EnvConfig(name="mcp", mcp_servers=["a=cmd-a", "b=cmd-b", "c=http://127.0.0.1:1/mcp"])
+    pool = MCPPool()  # nothing here starts a server
     with pytest.raises(ToolLimitError, match=r"3 MCP servers \(a, b, c\) but limits.max_servers is 2"):
-        make("mcp", reward_spec={"ground_truth": {"limits": {"max_servers": 2}}}, options=options)
-    env = make("mcp", reward_spec={"ground_truth": {}}, extra_info={"mcp_servers": ["b"]}, options=options)
+        make("mcp", reward_spec={"ground_truth": {"limits": {"max_servers": 2}}}, options=options, pool=pool)
+    env = make("mcp", reward_spec={"ground_truth": {}}, extra_info={"mcp_servers": ["b"]}, options=options, pool=pool)
     assert isinstance(env, MCPToolEnv) and [s.name for s in env.servers] == ["b"]
     with pytest.raises(ValueError, match=r"names MCP server 'zzz'; env.mcp_servers has \['a', 'b', 'c'\]"):
-        make("mcp", reward_spec={"ground_truth": {}}, extra_info={"mcp_servers": ["zzz"]}, options=options)
+        make("mcp", reward_spec={"ground_truth": {}}, extra_info={"mcp_servers": ["zzz"]}, options=options, pool=pool)
     with pytest.raises(ValueError, match="exactly one of 'command'"):
-        make("mcp", reward_spec={"ground_truth": {}}, extra_info={"mcp_servers": [{"name": "x"}]}, options=options)
+        make(
+            "mcp",
+            reward_spec={"ground_truth": {}},
+            extra_info={"mcp_servers": [{"name": "x"}]},
+            options=options,
+            pool=pool,
+        )
     with pytest.raises(ValueError, match="ground_truth'] must be a dict or an answer value"):
-        make("mcp", reward_spec={"ground_truth": [3]}, options=options)
+        make("mcp", reward_spec={"ground_truth": [3]}, options=options, pool=pool)
     with pytest.raises(ValueError, match=r"'name=command args...'"):
-        make("mcp", reward_spec={"ground_truth": {}}, options=EnvConfig(mcp_servers=["no-equals-sign"]))
+        make("mcp", reward_spec={"ground_truth": {}}, options=EnvConfig(mcp_servers=["no-equals-sign"]), pool=pool)
 
 
 def test_max_tools_is_enforced_at_discovery():
     async def main():
+        pool = MCPPool()
         env = make(
             "mcp",
             reward_spec={"ground_truth": {"limits": {"max_tools": 3}}},
             extra_info={"mcp_servers": [faulty_entry()]},
             options=EnvConfig(name="mcp"),
+            pool=pool,
         )
         try:
             with pytest.raises(ToolLimitError, match=r"tools discovered .* but limits.max_tools is 3"):
                 await env.ainit([{"role": "user", "content": "hi"}])
         finally:
             await env.aclose()
-            await close_default_pool()
+            await pool.aclose()
 
     asyncio.run(main())
 
@@ -129,13 +138,14 @@ def _episode(texts: list[str], row: dict, options: EnvConfig, max_turns: int = 4
     limits = LoopLimits(max_turns=max_turns, max_input_length=4096, max_generate_length=256, max_sequence_length=8192)
 
     async def go():
-        env = make("mcp", reward_spec=row["reward_spec"], extra_info=row["extra_info"], options=options)
+        pool = MCPPool()
+        env = make("mcp", reward_spec=row["reward_spec"], extra_info=row["extra_info"], options=options, pool=pool)
         try:
             traj = await run_episode(engine, env, chat, row["prompt"], limits, SamplingConfig())
             return traj, env
         finally:
             await env.aclose()
-            await close_default_pool()
+            await pool.aclose()
 
     traj, env = asyncio.run(go())
     return traj, env, chat.decode(engine.prompts[0])
@@ -193,7 +203,7 @@ def test_episode_with_bad_calls_gets_error_observations_and_zero_reward():
 def test_calculator_rows_replay_through_the_mcp_env_with_the_calculator_server():
     """The spine's calculator rows and solutions, unchanged, earn reward 1 through MCPToolEnv (and 0 when wrong)."""
     rows = generate_rows("calculator", 3, seed=1, split="eval")
-    options = EnvConfig(name="mcp", mcp_servers=[f"calculator={sys.executable} -m thermik.tools.servers.calculator"])
+    options = EnvConfig(name="mcp", mcp_servers=[f"calculator={sys.executable} -m thermik.tasks.calculator.server"])
     for row in rows:
         texts = [m["content"] for m in solve(row) if m["role"] == "assistant"]
         traj, _, first_prompt = _episode(texts, {**row, "extra_info": {}}, options)

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from thermik.tools.mcp_pool import HttpServerSpec, MCPPool, close_default_pool, configure_default_pool, default_pool
-from thermik.tools.servers.faulty import MODULE, server_spec
+from thermik.tools.faulty_server import MODULE, server_spec
+from thermik.tools.mcp_pool import HttpServerSpec, MCPPool
 
 
 def _free_port() -> int:
@@ -148,23 +148,19 @@ def test_bad_pool_options_fail_fast():
     with pytest.raises(ValueError, match="max_concurrent_calls"):
         MCPPool(max_concurrent_calls=0)
     with pytest.raises(ValueError, match="max_output_chars"):
-        configure_default_pool(max_output_chars=0)
+        MCPPool(max_output_chars=0)
 
 
-def test_default_pool_logs_each_server_under_the_configured_dir(tmp_path):
+def test_pool_logs_each_server_under_its_log_dir(tmp_path):
     async def main():
+        pool = MCPPool(log_dir=tmp_path / "logs")  # what a run builds: logs under the run dir
         try:
-            pool = default_pool()
             await pool.call_tool(server_spec(name="first"), "echo", {"text": "a"}, 30)
             return pool.errlog_paths
         finally:
-            await close_default_pool()
+            await pool.aclose()
 
-    configure_default_pool(log_dir=tmp_path / "logs")
-    try:
-        paths = asyncio.run(main())
-    finally:
-        configure_default_pool()
+    paths = asyncio.run(main())
     assert paths == {"first": tmp_path / "logs" / "mcp-first.log"}
     assert "--- starting MCP server" in paths["first"].read_text()
 
@@ -173,7 +169,7 @@ _ORPHAN_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys, psutil
     from thermik.tools.mcp_pool import MCPPool
-    from thermik.tools.servers.faulty import server_spec
+    from thermik.tools.faulty_server import server_spec
 
     async def main():
         pool = MCPPool()

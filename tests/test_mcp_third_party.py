@@ -15,11 +15,11 @@ import pytest
 from test_rollout import ScriptedEngine
 
 from thermik.config.schema import EnvConfig, SamplingConfig
-from thermik.envs.registry import make
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits, run_episode
 from thermik.rollout.tokenization import ChatTokenizer
-from thermik.tools.mcp_pool import close_default_pool
+from thermik.tasks.registry import make_env
+from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import format_hermes_tool_call
 from thermik.tools.venvs import KNOWN_SERVERS, VenvError, ensure_venv, install_command, server_command
 
@@ -45,8 +45,11 @@ def _run(rows: list[dict], texts_per_row: list[list[str]], options: EnvConfig) -
     chat = ChatTokenizer(build_tokenizer())
     limits = LoopLimits(max_turns=4, max_input_length=8192, max_generate_length=512, max_sequence_length=16384)
 
+    pool = MCPPool()
+
     async def one(row: dict, texts: list[str]):
-        env = make("mcp", reward_spec=row["reward_spec"], extra_info=row["extra_info"], options=options)
+        spec, extra_info = row["reward_spec"], row["extra_info"]
+        env = make_env("mcp", reward_spec=spec, extra_info=extra_info, options=options, pool=pool)
         try:
             return await run_episode(ScriptedEngine(chat, texts), env, chat, row["prompt"], limits, SamplingConfig())
         finally:
@@ -56,7 +59,7 @@ def _run(rows: list[dict], texts_per_row: list[list[str]], options: EnvConfig) -
         try:
             return await asyncio.gather(*(one(row, texts) for row, texts in zip(rows, texts_per_row, strict=True)))
         finally:
-            await close_default_pool()
+            await pool.aclose()
 
     return asyncio.run(go())
 

@@ -18,32 +18,33 @@ from conftest import cli_env, short_rl_config, thermik_argv
 from safetensors.torch import load_file
 from serving import embedded_engine, running, start_thermik_inference
 
+from thermik.atomic import write_json_atomic
 from thermik.config import ConfigError, dump_toml, load_config
 from thermik.config.schema import RunConfig, ServeConfig
-from thermik.inference.remote import WEIGHTS_FILE, write_safetensors
 from thermik.inference.server.app import build_app
+from thermik.inference.weights import WEIGHTS_FILE, write_safetensors
+from thermik.rollout.staleness import within_staleness
 from thermik.rollout.trajectory import Trajectory
-from thermik.training.batch import collate
-from thermik.training.learner import save_checkpoint
-from thermik.training.split.orchestrator import load_new_weights, setup_orchestrator
-from thermik.training.split.protocol import (
+from thermik.runs.split_orchestrator import load_new_weights, setup_orchestrator
+from thermik.runs.split_protocol import (
     DONE,
     META_FILE,
     SplitLayout,
     SplitTimeout,
-    admitted,
     publish_dir,
     published_steps,
     save_batch,
-    write_json_atomic,
 )
-from thermik.training.split.trainer import setup_trainer, train_split, wait_for_rollouts
+from thermik.runs.split_trainer import setup_trainer, train_split, wait_for_rollouts
+from thermik.training.batch import collate
+from thermik.training.learner import save_checkpoint
 
 
 def test_admission_rule() -> None:
     # synchronous: step s needs the weights of step s; one step off-policy: of step s - 1
-    assert admitted(0, 0, 0) and admitted(3, 3, 0) and not admitted(3, 2, 0)
-    assert admitted(3, 2, 1) and not admitted(3, 1, 1) and admitted(1, 0, 1)
+    # within_staleness(weights step, sampled step, k): the orchestrator may sample step s with weights of s - k
+    assert within_staleness(0, 0, 0) and within_staleness(3, 3, 0) and not within_staleness(2, 3, 0)
+    assert within_staleness(2, 3, 1) and not within_staleness(1, 3, 1) and within_staleness(0, 1, 1)
 
 
 def _batch(n: int = 2):
@@ -117,8 +118,7 @@ def test_orchestrator_admits_steps_by_published_weights(tmp_path: Path, tiny_mod
                     await load_new_weights(orch, 3, 0)
                 return early, dict(orch.step_of_version), str(info.value)
             finally:
-                orch.logger.close()
-                await orch.engine.close()
+                await orch.run.close()
 
         early, versions, message = asyncio.run(scenario())
         assert not early
@@ -131,22 +131,22 @@ def test_orchestrator_admits_steps_by_published_weights(tmp_path: Path, tiny_mod
 
         async def restart() -> tuple[int, int, dict[int, int]]:
             orch = await setup_orchestrator(cfg)
-            orch.logger.close()
-            await orch.engine.close()
-            return orch.start_step, orch.sampler.position, orch.step_of_version
+            await orch.run.close()
+            return orch.run.start_step, orch.rollout_ctx.sampler.position, orch.step_of_version
 
         assert asyncio.run(restart()) == (2, 8, {2: 1})
 
 
 def test_a_restarted_trainer_resumes_and_republishes_its_weights(tmp_path: Path, tiny_model_dir: Path) -> None:
     cfg = short_rl_config(tmp_path, tiny_model_dir, "restart", "reverse_text")
-    learner, layout = setup_trainer(cfg)
-    save_checkpoint(learner, 2)
-    learner.logger.close()
-    assert published_steps(layout.weights) == []  # a fresh trainer publishes nothing: step 0 is model.path
-    learner, layout = setup_trainer(cfg)
-    learner.logger.close()
-    assert learner.start_step == 2 and published_steps(layout.weights) == [2]
+    mode = setup_trainer(cfg)
+    save_checkpoint(mode.learner, 2)
+    asyncio.run(mode.run.close())
+    assert published_steps(mode.layout.weights) == []  # a fresh trainer publishes nothing: step 0 is model.path
+    mode = setup_trainer(cfg)
+    asyncio.run(mode.run.close())
+    learner, layout = mode.learner, mode.layout
+    assert mode.run.start_step == 2 and published_steps(layout.weights) == [2]
     published = load_file(str(layout.weights_dir(2) / WEIGHTS_FILE))
     assert all(torch.equal(published[k], v) for k, v in learner.policy.state_dict().items() if k in published)
 
@@ -199,10 +199,10 @@ def test_inference_trainer_orchestrator_run_from_one_config(tmp_path: Path, tiny
     final = load_file(str(layout.weights_dir(3) / WEIGHTS_FILE))
     initial = load_file(str(tiny_model_dir / "model.safetensors"))
     assert any(not torch.equal(final[k], initial[k]) for k in final), "the trainer's weights did not change"
-    orch = [r for r in _records(layout.orchestrator_dir / "metrics.jsonl") if "async/staleness_max" in r]
+    orch = [r for r in _records(layout.orchestrator_dir / "metrics.jsonl") if "off_policy/staleness_max" in r]
     assert [r["step"] for r in orch] == [1, 2, 3]
-    assert max(r["async/staleness_max"] for r in orch) <= 1
+    assert max(r["off_policy/staleness_max"] for r in orch) <= 1
     trained = _records(layout.trainer_dir / "metrics.jsonl")
-    assert [r["step"] for r in trained] == [1, 2, 3] and all(r["split/staleness"] <= 1 for r in trained)
+    assert [r["step"] for r in trained] == [1, 2, 3] and all(r["off_policy/staleness_max"] <= 1 for r in trained)
     assert json.loads((cfg.run_dir / "eval_after.json").read_text())["n"] == 4
     assert (cfg.run_dir / "checkpoints" / "step_3").is_dir() and (cfg.run_dir / "export").is_dir()

@@ -12,14 +12,13 @@ import pytest
 import torch
 
 from thermik.config.schema import EnvConfig, RolloutConfig, SamplingConfig
-from thermik.data.synthetic import generate_rows, solve
-from thermik.envs.registry import make
 from thermik.inference.base import Generation, SamplingParams
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits, PromptTooLongError, rollout_rows, run_episode
 from thermik.rollout.invariants import TrajectoryInvariantError, check_trajectory
 from thermik.rollout.tokenization import ChatTokenizer
-from thermik.tools.mcp_pool import close_default_pool
+from thermik.tasks.registry import generate_rows, make_env, solve
+from thermik.tools.mcp_pool import MCPPool
 
 
 class ScriptedEngine:
@@ -49,12 +48,13 @@ def row() -> dict:
     return generate_rows("calculator", 1, seed=3, split="eval")[0]
 
 
-def calc_env(row: dict):
-    return make(
+def calc_env(row: dict, pool: MCPPool):
+    return make_env(
         "calculator",
         reward_spec=row["reward_spec"],
         extra_info=row.get("extra_info", {}),
         options=EnvConfig(name="calculator", tool_timeout_s=10),
+        pool=pool,
     )
 
 
@@ -66,10 +66,11 @@ def play(chat: ChatTokenizer, row: dict, texts: list[str], lim: LoopLimits):
     engine = ScriptedEngine(chat, texts)
 
     async def go():
+        pool = MCPPool()
         try:
-            return await run_episode(engine, calc_env(row), chat, row["prompt"], lim, SamplingConfig())
+            return await run_episode(engine, calc_env(row, pool), chat, row["prompt"], lim, SamplingConfig())
         finally:
-            await close_default_pool()
+            await pool.aclose()
 
     return asyncio.run(go()), engine
 
@@ -104,7 +105,7 @@ def test_solved_episode_is_exact_prefix_and_masked(chat: ChatTokenizer, row: dic
 
 def test_sft_encoding_equals_rollout_sequence(chat: ChatTokenizer, row: dict) -> None:
     traj, _ = play(chat, row, solved_texts(row), limits())
-    env = calc_env(row)
+    env = calc_env(row, MCPPool())  # only its tool schemas are read: no server starts
     ids, mask = chat.encode_conversation(solve(row), env.tools)
     assert ids == traj.prompt_ids + traj.response_ids
     assert mask == [0] * len(traj.prompt_ids) + traj.loss_mask
@@ -133,7 +134,7 @@ def test_truncated_turn_stops_with_length(chat: ChatTokenizer, row: dict) -> Non
 
 
 def test_overlong_sequence_is_masked(chat: ChatTokenizer, row: dict) -> None:
-    env = calc_env(row)
+    env = calc_env(row, MCPPool())  # only its tool schemas are read: no server starts
     prompt_len = len(chat.encode_prompt(row["prompt"], env.tools))
     texts = solved_texts(row)
     traj, _ = play(chat, row, texts, limits(seq=prompt_len + len(chat.encode(texts[0])) + 5))
@@ -194,17 +195,22 @@ def test_random_model_batch_keeps_invariants(chat: ChatTokenizer) -> None:
     cfg = RolloutConfig(max_generate_length=24, max_sequence_length=600)
     lim = LoopLimits.from_config(cfg, max_turns=3)
 
+    pool = MCPPool()
+
+    def make(row: dict):
+        return calc_env(row, pool)
+
     async def go():
         try:
-            first = await rollout_rows(engine, calc_env, chat, rows, 2, lim, SamplingConfig(temperature=1.0), seed=5)
+            first = await rollout_rows(engine, make, chat, rows, 2, lim, SamplingConfig(temperature=1.0), seed=5)
             slots = len(engine._slots)
-            await rollout_rows(engine, calc_env, chat, rows, 2, lim, SamplingConfig(temperature=1.0), seed=6)
+            await rollout_rows(engine, make, chat, rows, 2, lim, SamplingConfig(temperature=1.0), seed=6)
             # every episode ended its session: the second batch took the first batch's slots
             assert len(engine._slots) == slots <= 6
             return first
         finally:
             await engine.close()
-            await close_default_pool()
+            await pool.aclose()
 
     trajs = asyncio.run(go())
     assert len(trajs) == 6 and [t.group_id for t in trajs] == [0, 0, 1, 1, 2, 2]

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from thermik.tasks.code import server as python_sandbox
+from thermik.tasks.code.sandbox_runner import SandboxLimits, network_namespace_available, run_python
+from thermik.tasks.search import server as search
+from thermik.tasks.search.corpus import build, default_index
+from thermik.tasks.text2sql import server as sql
+from thermik.tasks.text2sql.shop_db import DB_VERSION, ReadOnlyDatabase, SQLError, database_path
 from thermik.tools.mcp_pool import MCPPool
-from thermik.tools.servers import python_sandbox, search, sql
-from thermik.tools.servers.corpus import build, default_index
-from thermik.tools.servers.sandbox_runner import SandboxLimits, network_namespace_available, run_python
-from thermik.tools.servers.shop_db import DB_VERSION, ReadOnlyDatabase, SQLError, database_path
 
 LIMITS = SandboxLimits(wall_s=5, cpu_s=2, memory_mb=256)
 
@@ -211,11 +213,11 @@ def test_python_sandbox_server_over_stdio():
     assert results[2].is_error and "timeout_s must be in (0, 5]" in results[2].text
 
 
-@pytest.mark.parametrize("module", ["sql", "search", "python_sandbox"])
+@pytest.mark.parametrize("module", ["text2sql.server", "search.server", "code.server", "calculator.server"])
 def test_server_modules_answer_help(module):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", f"thermik.tools.servers.{module}", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", f"thermik.tasks.{module}", "--help"], capture_output=True,
                          text=True, timeout=60, env={**os.environ})  # fmt: skip
     assert out.returncode == 0 and "usage:" in out.stdout

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from thermik.config.schema import AlgorithmConfig, TrainerConfig
 from thermik.models.presets import init_model
 from thermik.training.batch import TokenBatch, token_logprobs
+from thermik.training.loss import LossSetup
 from thermik.training.shared_prefix import plan_prefixes, token_logprobs_shared
 from thermik.training.update import policy_update
 
@@ -98,7 +99,7 @@ def test_policy_update_same_with_and_without_shared_prompts(model: torch.nn.Modu
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
         trainer = TrainerConfig(micro_batch_size=4, mini_batches=mini_batches, shared_prefix=shared)
         batch = TokenBatch(ids, attention, response, rollout_logp, adv, prompt_lens=prompt_lens)
-        metrics = policy_update(policy, ref, batch, alg, trainer, opt, sched, 1.0)
+        metrics = policy_update(policy, ref, batch, LossSetup.from_config(alg, trainer, 1.0), opt, sched)
         return torch.cat([p.grad.flatten() for p in policy.parameters()]), metrics
 
     (g_shared, m_shared), (g_plain, m_plain) = update(True), update(False)

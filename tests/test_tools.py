@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from thermik.tasks.calculator.server import server_spec
 from thermik.tools.arith import MAX_EXPONENT, ArithError, evaluate, format_number
-from thermik.tools.mcp_pool import MCPPool, ServerSpec, close_default_pool, default_pool
+from thermik.tools.mcp_pool import MCPPool, ServerSpec
 from thermik.tools.parsers import ToolCall, format_hermes_tool_call, parse_hermes_tool_calls
-from thermik.tools.servers.calculator import server_spec
 
 # ---------------------------------------------------------------- parser
 
@@ -243,23 +243,12 @@ def test_pool_unlaunchable_server_is_an_error_result():
     assert result.is_error and "unavailable" in result.text
 
 
-def test_default_pool_is_per_loop_and_reaped_when_loop_ends_without_close():
-    async def use() -> int:
-        pool = default_pool()
-        assert default_pool() is pool
+def test_pool_server_is_reaped_when_its_loop_ends_without_close():
+    async def use() -> None:
+        pool = MCPPool()
         await pool.call_tool(server_spec(), "calculate", {"expression": "1"}, 5.0)
-        return id(pool)
 
     asyncio.run(use())  # no close: asyncio.run cancels the owner task, which reaps the server
-    assert _children() == []
-
-    async def use_and_close() -> bool:
-        await use()
-        closed = default_pool()
-        await close_default_pool()
-        return default_pool() is not closed  # a closed default pool is replaced, not reused
-
-    assert asyncio.run(use_and_close())
     assert _children() == []
 
 
@@ -267,7 +256,7 @@ def test_server_runs_as_module_and_rejects_negative_latency():
     import subprocess
 
     out = subprocess.run(
-        [sys.executable, "-m", "thermik.tools.servers.calculator", "--latency", "-1"],
+        [sys.executable, "-m", "thermik.tasks.calculator.server", "--latency", "-1"],
         capture_output=True,
         text=True,
         timeout=30,

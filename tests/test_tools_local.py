@@ -8,10 +8,10 @@ from typing import Literal
 
 import pytest
 
+from thermik.tools.faulty_server import server_spec
 from thermik.tools.local import ToolGroup, parse_docstring, tool
 from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import ToolCall
-from thermik.tools.servers.faulty import server_spec
 from thermik.tools.toolbox import Toolbox, ToolNameCollision
 
 

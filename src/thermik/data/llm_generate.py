@@ -1,10 +1,9 @@
 """LLM-written dataset rows through any OpenAI-compatible endpoint (OpenAI, vLLM, SGLang, thermik's own).
 
 For each request the model sees a few rule-generated rows of the environment as examples and is asked
-for one new problem as a JSON object. Every reply is checked before it becomes a row: math answers must
-be numbers (and agree with the `#### N` of the solution, when one is given); SQL must run on the shop
-database and return rows. Rejected replies are counted, never silently kept. Problems are split into
-train/eval by `split_of`, like rule-generated ones.
+for one new problem as a JSON object. Every reply is checked before it becomes a row by the task's own
+`LLMTask.to_row` (thermik.tasks.gsm8k.llm, thermik.tasks.text2sql.llm). Rejected replies are counted, never
+silently kept. Problems are split into train/eval by `split_of`, like rule-generated ones.
 """
 
 from __future__ import annotations
@@ -19,11 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from thermik.config.schema import LLMGeneratorConfig
-from thermik.data.math_problems import math_problem, question_row, worked
-from thermik.data.sql_tasks import question_sql_row, sql_problem, sql_row
-from thermik.data.synthetic import split_of
-from thermik.envs.answers import extract_strict, numbers_match, to_number
-from thermik.tools.servers.shop_db import ReadOnlyDatabase, SQLError, database_path
+from thermik.data.split import split_of
 
 SYSTEM = "You write new, varied training problems. Reply with exactly one JSON object and nothing else."
 
@@ -41,65 +36,6 @@ class LLMTask:
     """A checked row from the model's JSON object; raises Rejected."""
 
 
-def _math_example(rng: random.Random) -> dict[str, Any]:
-    question, steps, answer = worked(math_problem(rng))
-    return {"question": question, "solution": " ".join(steps), "answer": answer}
-
-
-def _math_to_row(env: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    def to_row(obj: dict[str, Any]) -> dict[str, Any]:
-        question, answer, solution = obj.get("question"), obj.get("answer"), obj.get("solution", "")
-        if not isinstance(question, str) or not question.strip():
-            raise Rejected("no question")
-        if isinstance(answer, bool) or to_number(str(answer)) is None:
-            raise Rejected("answer is not a number")
-        if not isinstance(solution, str):
-            raise Rejected("solution is not text")
-        stated = extract_strict(solution)
-        if stated is not None and not numbers_match(stated, answer):
-            raise Rejected("solution's #### number differs from the answer")
-        text = solution.strip() if stated is not None else f"{solution.strip()}\n#### {answer}".strip()
-        return question_row(env, question.strip(), answer, {"source": "llm", "solution": text})
-
-    return to_row
-
-
-def _sql_example(rng: random.Random) -> dict[str, Any]:
-    row = sql_row(sql_problem(rng))
-    return {"question": row["prompt"][-1]["content"], "sql": row["reward_spec"]["ground_truth"]}
-
-
-def _sql_to_row(obj: dict[str, Any]) -> dict[str, Any]:
-    question, sql = obj.get("question"), obj.get("sql")
-    if not isinstance(question, str) or not question.strip() or not isinstance(sql, str):
-        raise Rejected("needs string fields question and sql")
-    database = ReadOnlyDatabase(database_path())
-    try:
-        if not database.query(sql, 1).rows:
-            raise Rejected("sql returns no rows")
-    except SQLError as exc:
-        raise Rejected(f"sql fails: {exc}") from None
-    finally:
-        database.close()
-    return question_sql_row(question.strip(), sql.strip(), {"source": "llm"})
-
-
-_MATH = "Write a grade-school math word problem whose answer is a whole number, with a short worked solution."
-LLM_TASKS: dict[str, LLMTask] = {
-    "gsm8k": LLMTask(f'{_MATH} JSON keys: "question", "solution", "answer".', _math_example, _math_to_row("gsm8k")),
-    "math_feedback": LLMTask(
-        f'{_MATH} JSON keys: "question", "solution", "answer".', _math_example, _math_to_row("math_feedback")
-    ),
-    "text2sql": LLMTask(
-        "Write a question about the shop database (customers(id, name, city, country, signup_year), products(id, "
-        "name, category, price), orders(id, customer_id, order_year, status), order_items(order_id, product_id, "
-        'quantity)) and the SQLite query answering it. JSON keys: "question", "sql".',
-        _sql_example,
-        _sql_to_row,
-    ),
-}
-
-
 def parse_reply(text: str | None) -> dict[str, Any]:
     """The first JSON object in the reply (code fences and chatter around it are tolerated)."""
     start = (text or "").find("{")
@@ -114,15 +50,16 @@ def parse_reply(text: str | None) -> dict[str, Any]:
     return obj
 
 
-def llm_generate_rows(
-    env: str, n: int, cfg: LLMGeneratorConfig, seed: int = 0, split: str = "train"
+def generate_with_llm(
+    task: LLMTask, n: int, cfg: LLMGeneratorConfig, seed: int = 0, split: str = "train"
 ) -> list[dict[str, Any]]:
-    """`n` distinct checked rows of `split` written by the model; raises when too many replies are rejected."""
-    if env not in LLM_TASKS:
-        raise ValueError(f"no LLM generator for environment {env!r}; valid: {', '.join(sorted(LLM_TASKS))}")
+    """`n` distinct checked rows of `split` written by the model; raises when too many replies are rejected.
+
+    The tasks that have an LLMTask, and the lookup by environment name, are in thermik.tasks.registry.
+    """
     if not cfg.base_url or not cfg.model:
         raise ValueError("LLM generation needs a base URL and a model name (--llm-base-url, --llm-model)")
-    return asyncio.run(_generate(LLM_TASKS[env], n, cfg, seed, split))
+    return asyncio.run(_generate(task, n, cfg, seed, split))
 
 
 async def _generate(task: LLMTask, n: int, cfg: LLMGeneratorConfig, seed: int, split: str) -> list[dict[str, Any]]:

@@ -36,7 +36,7 @@ def _split_evenly(start: int, end: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _normalizer(batch: TokenBatch, reduction: str) -> float:
-    """The denominator policy_update uses for one mini-batch (see training/update.py)."""
+    """The denominator policy_update uses for one mini-batch (see training/loss.py, mini_batch_reduction)."""
     return float(max(batch.num_tokens, 1)) if reduction == "token_mean" else float(len(batch))
 
 

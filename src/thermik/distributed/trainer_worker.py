@@ -19,6 +19,7 @@ from thermik.distributed.parallel import full_grads, full_state_dict, unwrap, wr
 from thermik.distributed.sharding import Shard
 from thermik.training import components
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
+from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer
 from thermik.training.update import policy_update
 
@@ -81,7 +82,8 @@ class TrainerWorker:
             if value is not None:
                 setattr(batch, name, value.to(self.device))
         self.policy.set_grad_scales(shard.grad_scales)
-        return policy_update(self.policy, self.ref, batch, alg, trainer, self.optimizer, self.scheduler, temperature)
+        setup = LossSetup.from_config(alg, trainer, temperature)
+        return policy_update(self.policy, self.ref, batch, setup, self.optimizer, self.scheduler)
 
     def grads(self) -> dict[str, torch.Tensor]:
         return full_grads(self.policy)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 Message = dict[str, Any]
 """A chat message: {"role": "system"|"user"|"assistant"|"tool", "content": str, ...}."""
@@ -31,6 +31,9 @@ class Env:
     An environment built for one dataset row gets the row's `reward_spec` and `extra_info`
     through its constructor (see thermik.envs.registry.make).
     """
+
+    uses_mcp_pool: ClassVar[bool] = False
+    """True: the constructor also takes `pool` (the run's MCPPool, owned and closed by the run) for its tool calls."""
 
     tools: list[dict[str, Any]] | None = None
     """OpenAI-style function schemas rendered into the prompt by the chat template, or None."""

@@ -35,7 +35,7 @@ from typing import Any
 from thermik.config.schema import EnvConfig
 from thermik.envs.base import Env, Message, StepOutput
 from thermik.tools.local import LocalTool, ToolGroup
-from thermik.tools.mcp_pool import default_pool
+from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import ToolCall, get_parser
 from thermik.tools.server_config import MCPServerEntry, parse_server_entry
 from thermik.tools.toolbox import Toolbox, ToolLimitError
@@ -47,7 +47,11 @@ _SDK_ERROR_PREFIX = re.compile(r"^Error executing tool [^:]*: ")
 class MCPToolEnv(Env):
     """Tool use over MCP servers and local tools; see the module docstring for rows and reward."""
 
-    def __init__(self, *, reward_spec: dict[str, Any], extra_info: dict[str, Any], options: EnvConfig) -> None:
+    uses_mcp_pool = True
+
+    def __init__(
+        self, *, reward_spec: dict[str, Any], extra_info: dict[str, Any], options: EnvConfig, pool: MCPPool
+    ) -> None:
         truth = reward_spec.get("ground_truth", {})
         if isinstance(truth, int | float | str) and not isinstance(truth, bool):
             truth = {"answer": truth}  # a bare value (as calculator rows carry) is the expected answer
@@ -56,6 +60,7 @@ class MCPToolEnv(Env):
                 f"mcp: reward_spec['ground_truth'] must be a dict or an answer value, got {type(truth).__name__}"
             )
         self.ground_truth = truth
+        self.pool = pool
         self.options = options
         self.extra_info = extra_info
         self.parse = get_parser(options.tool_parser)
@@ -82,7 +87,7 @@ class MCPToolEnv(Env):
 
     async def ainit(self, prompt: list[Message]) -> tuple[list[Message], dict[str, Any]]:
         """Open this rollout's tool sessions and discover the tools (raises if a server cannot start)."""
-        toolbox = Toolbox(default_pool(), self.options.tool_timeout_s, self.options.tool_max_output_chars)
+        toolbox = Toolbox(self.pool, self.options.tool_timeout_s, self.options.tool_max_output_chars)
         self.toolbox = toolbox
         for path in self.options.tool_groups:
             toolbox.add_local(_load_local_tools(path))

@@ -1,27 +1,25 @@
 """Environment registry: one explicit name table plus user `register` calls; `make` builds one env.
 
 Every env constructor takes keyword arguments `reward_spec`, `extra_info` and `options`
-(the validated EnvConfig); nothing else is passed through.
+(the validated EnvConfig), plus `pool` (the run's MCPPool) when the class sets `uses_mcp_pool`;
+nothing else is passed through. The built-in tasks' envs live in thermik.tasks, which passes its
+name table in as `builtins` (this package never imports thermik.tasks).
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 from thermik.config.schema import EnvConfig
 from thermik.envs.base import Env
+from thermik.tools.mcp_pool import MCPPool
 
 BUILTIN_ENVIRONMENTS: dict[str, str] = {
-    "reverse_text": "thermik.envs.reverse_text:ReverseTextEnv",
-    "calculator": "thermik.envs.calculator:CalculatorEnv",
-    "gsm8k": "thermik.envs.gsm8k:GSM8KEnv",
-    "math_feedback": "thermik.envs.math_feedback:MathFeedbackEnv",
-    "text2sql": "thermik.envs.text2sql:Text2SQLEnv",
-    "search": "thermik.envs.search:SearchEnv",
-    "code": "thermik.envs.code:CodeEnv",
     "mcp": "thermik.envs.mcp_tool_env:MCPToolEnv",
 }
+"""The envs of this package; the built-in tasks' envs are in thermik.tasks.registry.TASKS."""
 SKYRL_GYM_PREFIX = "skyrl_gym:"
 """`skyrl_gym:<name>` runs skyrl-gym environment <name> unchanged (thermik.envs.skyrl_gym)."""
 
@@ -46,17 +44,22 @@ def unregister(name: str) -> None:
     ENVIRONMENTS.pop(name, None)
 
 
-def resolve(name_or_path: str) -> type[Env]:
-    """The Env class for a registered name, `skyrl_gym:<name>`, or a 'pkg.mod:Class' path."""
+def resolve(name_or_path: str, builtins: Mapping[str, str] | None = None) -> type[Env]:
+    """The Env class for a registered name, `skyrl_gym:<name>`, or a 'pkg.mod:Class' path.
+
+    `builtins`: further built-in names -> "pkg.mod:Class" (thermik.tasks passes its table), looked up first;
+    a name both there and registered with `register` is an error.
+    """
     if name_or_path.startswith(SKYRL_GYM_PREFIX):
         from thermik.envs.skyrl_gym import skyrl_gym_env_class
 
         return skyrl_gym_env_class(name_or_path.removeprefix(SKYRL_GYM_PREFIX))
-    entry_point = ENVIRONMENTS.get(name_or_path)
+    entry_point = _lookup(name_or_path, builtins or {})
     if entry_point is None:
         if ":" not in name_or_path:
+            valid = ", ".join(sorted({*ENVIRONMENTS, *(builtins or {})}))
             raise ValueError(
-                f"unknown environment {name_or_path!r}; valid names: {', '.join(sorted(ENVIRONMENTS))} "
+                f"unknown environment {name_or_path!r}; valid names: {valid} "
                 "(or skyrl_gym:<name>, or a 'pkg.mod:Class' path)"
             )
         entry_point = name_or_path
@@ -79,10 +82,23 @@ def make(
     reward_spec: dict[str, Any],
     extra_info: dict[str, Any] | None = None,
     options: EnvConfig | None = None,
+    pool: MCPPool | None = None,
+    builtins: Mapping[str, str] | None = None,
 ) -> Env:
-    """Build the environment for one dataset row."""
-    cls = resolve(name_or_path)
-    return cls(reward_spec=reward_spec, extra_info=extra_info or {}, options=options or EnvConfig())
+    """Build the environment for one dataset row; `pool` goes to the envs that set `uses_mcp_pool`."""
+    cls = resolve(name_or_path, builtins)
+    extra_info, options = extra_info or {}, options or EnvConfig()
+    if not cls.uses_mcp_pool:
+        return cls(reward_spec=reward_spec, extra_info=extra_info, options=options)
+    if pool is None:
+        raise ValueError(f"environment {name_or_path!r} calls MCP servers: build it with a pool (make(..., pool=))")
+    return cls(reward_spec=reward_spec, extra_info=extra_info, options=options, pool=pool)
+
+
+def _lookup(name: str, builtins: Mapping[str, str]) -> str | None:
+    if name in builtins and name in ENVIRONMENTS:
+        raise ValueError(f"environment {name!r} is built in and also registered (as {ENVIRONMENTS[name]!r})")
+    return builtins.get(name) or ENVIRONMENTS.get(name)
 
 
 def _split_entry_point(entry_point: str) -> tuple[str, str]:

@@ -1,4 +1,4 @@
-"""Tool calls of one assistant turn -> observations, through an MCP server of the default pool.
+"""Tool calls of one assistant turn -> observations, through an MCP server of the run's pool.
 
 Shared by the environments whose model talks to one thermik MCP server (calculator, text2sql, search, code):
 parse Hermes `<tool_call>` blocks, refuse unknown tool names client-side (servers disagree on how
@@ -12,7 +12,7 @@ from typing import Any
 
 from thermik.config.schema import EnvConfig
 from thermik.envs.base import Message
-from thermik.tools.mcp_pool import ServerSpec, ToolResult, default_pool
+from thermik.tools.mcp_pool import MCPPool, ServerSpec, ToolResult
 from thermik.tools.parsers import parse_hermes_tool_calls
 
 
@@ -37,10 +37,11 @@ class ToolTurn:
 
 
 class ServerTools:
-    """The tools of one MCP server, as an environment uses them."""
+    """The tools of one MCP server, as an environment uses them; calls go through `pool` (owned by the run)."""
 
-    def __init__(self, spec: ServerSpec, schemas: list[dict[str, Any]], options: EnvConfig) -> None:
+    def __init__(self, spec: ServerSpec, schemas: list[dict[str, Any]], options: EnvConfig, pool: MCPPool) -> None:
         self.spec = spec
+        self.pool = pool
         self.schemas = schemas
         self.names = tuple(s["function"]["name"] for s in schemas)
         self.options = options
@@ -60,7 +61,7 @@ class ServerTools:
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         if name not in self.names:
             return ToolResult(text=f"unknown tool '{name}'; available: {', '.join(self.names)}", is_error=True)
-        return await default_pool().call_tool(self.spec, name, arguments, self.options.tool_timeout_s)
+        return await self.pool.call_tool(self.spec, name, arguments, self.options.tool_timeout_s)
 
 
 def tool_observation(name: str, result: ToolResult) -> Message:

@@ -38,11 +38,12 @@ from thermik.inference.base import (
     check_request,
 )
 from thermik.inference.hf_engine import HFEngine
-from thermik.inference.native_model import NativeCausalLM, unsupported_reason
+from thermik.inference.native_model import NativeCausalLM
 from thermik.inference.openmp import release_thread_pool
 from thermik.inference.precision import apply_precision
 from thermik.inference.sampling import process_logits, sample, token_logprobs
 from thermik.inference.weights import check_state, copy_state, load_state
+from thermik.models.architecture import unsupported_reason
 
 Detokenize = Callable[[list[int]], str]
 _LIVE_ENGINES: weakref.WeakSet[EmbeddedEngine] = weakref.WeakSet()

@@ -25,24 +25,7 @@ from transformers import PreTrainedModel
 
 from thermik.inference import cpu_kernels
 from thermik.inference.kv_cache import SlotKVCache
-
-SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
-
-
-def unsupported_reason(model: PreTrainedModel) -> str | None:
-    """Why `model` cannot run on the native path (None if it can)."""
-    cfg = model.config
-    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
-        return f"model_type {cfg.model_type!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}"
-    if getattr(cfg, "use_sliding_window", False) or any(
-        t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])
-    ):
-        return "sliding-window attention layers"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"hidden_act {cfg.hidden_act!r} (only silu)"
-    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
-        return "pretraining_tp > 1"
-    return None
+from thermik.models.architecture import apply_rope, unsupported_reason
 
 
 def _fuse_transposed(modules: list[torch.nn.Linear]) -> tuple[Tensor, Tensor | None]:
@@ -129,12 +112,6 @@ class _Layer:
 
 def _rms_norm(x: Tensor, norm: torch.nn.Module) -> Tensor:
     return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, num_kv_heads: int) -> Tensor:
@@ -232,7 +209,7 @@ class NativeCausalLM:
             qk = qk.view(batch, width, nh + nkv, hd)
             if layer.q_norm is not None:
                 qk = torch.cat([_rms_norm(qk[:, :, :nh], layer.q_norm), _rms_norm(qk[:, :, nh:], layer.k_norm)], 2)
-            q, k = _rotate(qk.transpose(1, 2), cos, sin).split((nh, nkv), dim=1)  # one RoPE for queries and keys
+            q, k = apply_rope(qk.transpose(1, 2), cos, sin).split((nh, nkv), dim=1)  # one RoPE for queries and keys
             v = v.view(batch, width, nkv, hd).transpose(1, 2)
             k_all, v_all = cache.write(i, rows, positions, k, v, span)
             attn = _attention(q, k_all, v_all, mask, nkv)

@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import torch
-from safetensors.torch import save_file
 
 from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource
 from thermik.inference.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
+from thermik.inference.weights import save_state_dict
 
 _FINISH: dict[str | None, StopReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 TOKEN_ID_PREFIX = "token_id:"
@@ -33,7 +32,6 @@ TOKEN_ID_PREFIX = "token_id:"
 # so it is sent again on a fresh connection; other transport errors (timeouts) are not retried.
 _RETRIED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 ATTEMPTS = 4
-WEIGHTS_FILE = "model.safetensors"
 THERMIK_OWNER = "thermik"  # `owned_by` of thermik's /v1/models cards: the server understands `session_id`
 VLLM_OWNER = "vllm"  # `owned_by` of vLLM's cards: weights are reloaded through its dev-mode /collective_rpc
 KEEPALIVE_EXPIRY_S = 2.0  # below uvicorn's 5 s keep-alive timeout, so the client drops idle connections first
@@ -78,28 +76,6 @@ def generation_from_choice(choice: dict[str, Any], fallback_version: int, top: i
         weight_versions=[version] * len(ids),
         top_logprobs=top_logprobs,
     )
-
-
-def write_safetensors(state: dict[str, torch.Tensor], path: Path) -> None:
-    """Write `state` as one safetensors file; tied tensors are stored once."""
-    seen: set[tuple[int, tuple[int, ...]]] = set()
-    tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
-        key = (tensor.data_ptr(), tuple(tensor.shape))
-        if key in seen:
-            continue  # a tied weight (e.g. lm_head = embed_tokens): loading the first name updates both
-        seen.add(key)
-        tensors[name] = tensor.detach().to("cpu").contiguous()
-    save_file(tensors, str(path))
-
-
-def save_state_dict(state: dict[str, torch.Tensor], directory: Path) -> Path:
-    """Write `state` as directory/model.safetensors atomically (temp dir, then rename); tied tensors stored once."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
-    write_safetensors(state, tmp / WEIGHTS_FILE)
-    tmp.rename(directory)
-    return directory
 
 
 class RemoteEngine:
@@ -230,8 +206,6 @@ class RemoteEngine:
         """Write a state dict under weights_dir (or send a directory as is) and have the server load it."""
         if isinstance(source, dict):
             target = self.weights_dir / f"v{self._version + 1:06d}"
-            if target.exists():
-                shutil.rmtree(target)
             path = await asyncio.to_thread(save_state_dict, source, target)
         else:
             path = Path(source)

@@ -32,8 +32,8 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource, check_request
-from thermik.inference.remote import save_state_dict
 from thermik.inference.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
+from thermik.inference.weights import save_state_dict
 
 T = TypeVar("T")
 VLLM_MISSING = (

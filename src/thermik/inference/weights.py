@@ -1,13 +1,35 @@
-"""Loading a weight source (state dict, *.safetensors file or directory) and copying it into a model in place."""
+"""Weights on disk as safetensors: writing a state dict (a file, or a directory published atomically), loading a weight
+source (state dict, *.safetensors file or directory) and copying it into a model in place."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
+from thermik.atomic import publish_dir
 from thermik.inference.base import WeightSource
+
+WEIGHTS_FILE = "model.safetensors"  # the file name of a published weight directory
+
+
+def write_safetensors(state: dict[str, torch.Tensor], path: Path) -> None:
+    """Write `state` as one safetensors file; tied tensors are stored once."""
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key in seen:
+            continue  # a tied weight (e.g. lm_head = embed_tokens): loading the first name updates both
+        seen.add(key)
+        tensors[name] = tensor.detach().to("cpu").contiguous()
+    save_file(tensors, str(path))
+
+
+def save_state_dict(state: dict[str, torch.Tensor], directory: Path) -> Path:
+    """Write `state` as directory/model.safetensors atomically (replacing an older copy); tied tensors stored once."""
+    return publish_dir(directory, lambda tmp: write_safetensors(state, tmp / WEIGHTS_FILE))
 
 
 def load_state(source: WeightSource) -> dict[str, torch.Tensor]:

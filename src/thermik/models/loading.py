@@ -21,13 +21,19 @@ def _model_dir(path: str | Path, what: str, required_file: str) -> Path:
     return p
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in local dir `path` (with its chat template)."""
+def load_tokenizer(path: str | Path, chat_template: str | Path = "") -> PreTrainedTokenizerBase:
+    """The tokenizer saved in local dir `path` with its chat template, or the template in file `chat_template`."""
     p = _model_dir(path, "tokenizer", "tokenizer_config.json")
     try:
-        return AutoTokenizer.from_pretrained(p, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
     except (OSError, ValueError) as e:
         raise OSError(f"could not load the tokenizer from {p}: {e}") from e
+    if chat_template:
+        template = Path(chat_template)
+        if not template.is_file():
+            raise FileNotFoundError(f"model.chat_template: {template} is not a file (a jinja chat template)")
+        tokenizer.chat_template = template.read_text()
+    return tokenizer
 
 
 def load_model(path: str | Path, dtype: str = "float32", device: str | torch.device = "cpu") -> PreTrainedModel:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from thermik.config.schema import RolloutConfig, SamplingConfig
-from thermik.envs.base import Env
-from thermik.inference.base import InferenceEngine, SamplingParams
+from thermik.envs.base import Env, Message, StepOutput
+from thermik.inference.base import Generation, InferenceEngine, SamplingParams
 from thermik.rollout.invariants import check_trajectory
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import Trajectory
@@ -47,6 +47,46 @@ def sampling_params(
     )
 
 
+def _record_generation(traj: Trajectory, gen: Generation, chat: ChatTokenizer) -> str:
+    """Append one turn's sampled tokens (loss mask 1, their logprobs and weight versions); returns its text."""
+    traj.response_ids += gen.token_ids
+    traj.loss_mask += [1] * len(gen.token_ids)
+    traj.rollout_logprobs += gen.logprobs
+    traj.weight_versions += gen.weight_versions or [gen.weight_version] * len(gen.token_ids)
+    traj.rewards += [0.0] * len(gen.token_ids)
+    text = chat.decode(gen.token_ids)
+    traj.messages.append({"role": "assistant", "content": text})
+    return text
+
+
+def _record_step(traj: Trajectory, out: StepOutput) -> None:
+    """The env's reward on the turn's last sampled token; tool call/failure counts summed."""
+    if traj.rewards:
+        traj.rewards[-1] += float(out.reward)
+    for key in ("tool_calls", "tool_failures"):
+        traj.env_metrics[key] = traj.env_metrics.get(key, 0.0) + float(out.metadata.get(key, 0))
+
+
+def _record_observations(traj: Trajectory, chat: ChatTokenizer, observations: list[Message]) -> None:
+    """Append the observation messages' token ids (loss mask 0, no logprob, weight version -1)."""
+    obs_ids = chat.encode_observations(observations)
+    traj.messages += observations
+    traj.response_ids += obs_ids
+    traj.loss_mask += [0] * len(obs_ids)
+    traj.rollout_logprobs += [0.0] * len(obs_ids)
+    traj.weight_versions += [-1] * len(obs_ids)
+    traj.rewards += [0.0] * len(obs_ids)
+
+
+def _finish(traj: Trajectory, turns: list[list[int]], overlong: bool) -> Trajectory:
+    """An overlong episode trains on nothing (loss mask zeroed); then the token-in/token-out check."""
+    if overlong:
+        traj.loss_mask = [0] * len(traj.loss_mask)
+        traj.env_metrics["overlong"] = 1.0
+    check_trajectory(traj, turns)
+    return traj
+
+
 async def run_episode(
     engine: InferenceEngine,
     env: Env,
@@ -63,10 +103,9 @@ async def run_episode(
     prompt_ids = chat.encode_prompt(messages, env.tools)
     if len(prompt_ids) > limits.max_input_length:
         raise PromptTooLongError(f"prompt has {len(prompt_ids)} tokens > rollout.max_input_length")
-    traj = Trajectory(prompt_ids=prompt_ids, group_id=group_id, messages=list(messages))
+    traj = Trajectory(prompt_ids=prompt_ids, group_id=group_id, messages=list(messages), stop_reason="max_turns")
     turns: list[list[int]] = []
     session_id = uuid.uuid4().hex  # the engine keeps this episode's cache between turns
-    traj.stop_reason = "max_turns"
     overlong = False
     try:
         for turn in range(limits.max_turns):
@@ -81,48 +120,29 @@ async def run_episode(
             traj.timings["llm"] += time.perf_counter() - t0
             start = len(traj.response_ids)
             turns.append(list(gen.token_ids))
-            traj.response_ids += gen.token_ids
-            traj.loss_mask += [1] * len(gen.token_ids)
-            traj.rollout_logprobs += gen.logprobs
-            traj.weight_versions += gen.weight_versions or [gen.weight_version] * len(gen.token_ids)
-            traj.rewards += [0.0] * len(gen.token_ids)
             traj.num_turns = turn + 1
-            text = chat.decode(gen.token_ids)
-            traj.messages.append({"role": "assistant", "content": text})
+            text = _record_generation(traj, gen, chat)
+            end_sampled = len(traj.response_ids)
             if gen.stop_reason != "stop":
                 traj.stop_reason, overlong = gen.stop_reason, max_tokens < limits.max_generate_length
-                traj.turn_spans.append((start, len(traj.response_ids), len(traj.response_ids)))
+                traj.turn_spans.append((start, end_sampled, end_sampled))
                 break
             t0 = time.perf_counter()
             out = await env.astep(text)
             traj.timings["env"] += time.perf_counter() - t0
-            if traj.rewards:
-                traj.rewards[-1] += float(out.reward)
-            for key in ("tool_calls", "tool_failures"):
-                traj.env_metrics[key] = traj.env_metrics.get(key, 0.0) + float(out.metadata.get(key, 0))
-            end_sampled = len(traj.response_ids)
+            _record_step(traj, out)
             if out.done:
                 traj.stop_reason = "stop"
                 traj.turn_spans.append((start, end_sampled, end_sampled))
                 break
-            obs_ids = chat.encode_observations(out.observations)
-            traj.messages += out.observations
-            traj.response_ids += obs_ids
-            traj.loss_mask += [0] * len(obs_ids)
-            traj.rollout_logprobs += [0.0] * len(obs_ids)
-            traj.weight_versions += [-1] * len(obs_ids)
-            traj.rewards += [0.0] * len(obs_ids)
+            _record_observations(traj, chat, out.observations)
             traj.turn_spans.append((start, end_sampled, len(traj.response_ids)))
             if len(prompt_ids) + len(traj.response_ids) >= limits.max_sequence_length:
                 traj.stop_reason, overlong = "length", True
                 break
     finally:
         _end_session(engine, session_id)
-    if overlong:
-        traj.loss_mask = [0] * len(traj.loss_mask)
-        traj.env_metrics["overlong"] = 1.0
-    check_trajectory(traj, turns)
-    return traj
+    return _finish(traj, turns, overlong)
 
 
 EnvFactory = Callable[[dict[str, Any]], Env]

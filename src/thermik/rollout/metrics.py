@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from statistics import fmean, pstdev
 
-from thermik.eval.evaluate import SUCCESS_THRESHOLD
+from thermik.rollout.evaluation import SUCCESS_THRESHOLD
 from thermik.rollout.trajectory import Trajectory
 
 

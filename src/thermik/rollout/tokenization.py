@@ -3,23 +3,49 @@
 The prompt is rendered once. Each observation (tool result, feedback) is rendered as the *delta*
 the chat template adds after an assistant turn, so the training sequence is exactly
 prompt ids + sampled ids + observation ids (DESIGN.md invariant 1).
+
+Tools are never dropped silently. A template that ignores `tools` (plain ChatML, e.g. SmolLM2's) is detected once
+by rendering a probe conversation with and without a tool; its prompts then carry the tool schemas in the system
+message, with the call format the configured tool parser reads, and a one-time `ToolsIgnoredWarning` says so
+(docs/models.md). `model.chat_template` replaces the template instead.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from thermik.envs.base import Message
+from thermik.models.chat_template import (
+    FALLBACK_CALL_INSTRUCTIONS,
+    ToolsIgnoredWarning,
+    template_renders_tools,
+    tool_name,
+    tools_system_text,
+    with_system_text,
+)
+from thermik.tools.parsers import TOOL_CALL_FORMATTERS
 
 # A fixed conversation the observation deltas are rendered after; its content never reaches the model.
 _BASE: list[Message] = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
+
+__all__ = ["ChatTokenizer", "ToolsIgnoredWarning", "fallback_tools_text"]
+
+
+def fallback_tools_text(tools: list[dict[str, Any]], tool_format: str) -> str:
+    """The system-message tool block for a template that ignores tools, calls written as `tool_format` reads them."""
+    example = TOOL_CALL_FORMATTERS[tool_format]("function_name", {"argument_name": "value"})
+    return tools_system_text(tools, FALLBACK_CALL_INSTRUCTIONS[tool_format], example)
 
 
 class ChatTokenizer:
     """Wraps an HF tokenizer with a chat template; every method returns token ids, never text to re-tokenize."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, tool_format: str = "hermes") -> None:
         self.tokenizer = tokenizer
+        if tool_format not in FALLBACK_CALL_INSTRUCTIONS:
+            raise ValueError(f"unknown tool format {tool_format!r}; valid: {', '.join(FALLBACK_CALL_INSTRUCTIONS)}")
+        self.tool_format = tool_format
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos_token; set eos_token to the end-of-turn token (e.g. <|im_end|>)")
         if not getattr(tokenizer, "chat_template", None):
@@ -33,14 +59,49 @@ class ChatTokenizer:
         cut = base.rfind(eos_text)
         if cut < 0:
             raise ValueError(f"the chat template does not close assistant turns with the eos token {eos_text!r}")
-        self._base_text = base
+        self._eos_text = eos_text
         # What the template writes after the eos of an assistant turn (ChatML: "\n"); the engine stops at eos,
         # so these characters belong to the next observation.
-        self._after_eos = base[cut + len(eos_text) :]
+        self.after_eos = base[cut + len(eos_text) :]
+        # Observation deltas are read after the base assistant turn's eos (the n-th eos of a rendering). Only the
+        # turns before it must render unchanged: a template may re-render the assistant turn itself (Qwen3 adds an
+        # empty <think> block to a last assistant turn only); the loop keeps the sampled ids either way.
+        self._head = self._render(_BASE[:1], add_generation_prompt=False)
+        self._base_eos_count = base.count(eos_text)
+        self.renders_tools: bool = template_renders_tools(lambda m, t: self._render(m, False, t))
+        self._warned = False
 
     def _render(self, messages: list[Message], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
         return self.tokenizer.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def render(
+        self, messages: list[Message], tools: list[dict] | None = None, add_generation_prompt: bool = True
+    ) -> str:
+        """The prompt text the model sees: the template's own tool rendering, or the system-message fallback."""
+        if tools and not self.renders_tools:
+            self._warn_fallback()
+            return self._render(
+                with_system_text(messages, fallback_tools_text(tools, self.tool_format)), add_generation_prompt
+            )
+        text = self._render(messages, add_generation_prompt, tools)
+        missing = [tool_name(t) for t in tools or () if tool_name(t) not in text]
+        if missing:
+            raise ValueError(f"the chat template dropped the tools {', '.join(missing)}; set model.chat_template")
+        return text
+
+    def _warn_fallback(self) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        name = getattr(self.tokenizer, "name_or_path", "") or "the model"
+        warnings.warn(
+            f"the chat template of {name} ignores `tools`: thermik writes the tool schemas into the system message, "
+            f"with calls in the {self.tool_format!r} format (env.tool_parser). Set model.chat_template to a template "
+            "that renders tools to change this.",
+            ToolsIgnoredWarning,
+            stacklevel=3,
         )
 
     def encode(self, text: str) -> list[int]:
@@ -53,14 +114,19 @@ class ChatTokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def encode_prompt(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
-        return self.encode(self._render(messages, add_generation_prompt=True, tools=tools))
+        return self.encode(self.render(messages, tools))
 
     def encode_observations(self, observations: list[Message]) -> list[int]:
         """Ids the template inserts after an eos-terminated assistant turn, up to the next generation prompt."""
         full = self._render(_BASE + list(observations), add_generation_prompt=True)
-        if not full.startswith(self._base_text):
+        pos = -len(self._eos_text)
+        for _ in range(self._base_eos_count):
+            pos = full.find(self._eos_text, pos + len(self._eos_text))
+            if pos < 0:
+                break
+        if pos < 0 or not full.startswith(self._head):
             raise ValueError("the chat template is not prefix-consistent: observations change earlier turns")
-        return self.encode(self._after_eos + full[len(self._base_text) :])
+        return self.encode(full[pos + len(self._eos_text) :])
 
     def encode_conversation(
         self, messages: list[Message], tools: list[dict] | None = None

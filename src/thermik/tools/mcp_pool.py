@@ -30,7 +30,6 @@ import re
 import shutil
 import sys
 import tempfile
-import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -528,30 +527,3 @@ def _copy_data(spec: ServerSpec) -> tuple[Path, Path | None]:
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise OSError(f"cannot copy the data of MCP server {spec.label} from {source}: {exc}") from exc
     return temp_dir, target
-
-
-_DEFAULT_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, MCPPool] = weakref.WeakKeyDictionary()
-_DEFAULT_POOL_OPTIONS: dict[str, Any] = {}
-
-
-def configure_default_pool(**options: Any) -> None:
-    """Options (MCPPool's keyword arguments, e.g. log_dir) for default pools created from now on."""
-    MCPPool(**options)  # validate now, not inside a rollout
-    _DEFAULT_POOL_OPTIONS.clear()
-    _DEFAULT_POOL_OPTIONS.update(options)
-
-
-def default_pool() -> MCPPool:
-    """The process-wide pool of the running event loop (one per loop). Call from inside the loop."""
-    loop = asyncio.get_running_loop()
-    pool = _DEFAULT_POOLS.get(loop)
-    if pool is None or pool._closed:
-        pool = _DEFAULT_POOLS[loop] = MCPPool(**_DEFAULT_POOL_OPTIONS)
-    return pool
-
-
-async def close_default_pool() -> None:
-    """Close the running loop's default pool, if any."""
-    pool = _DEFAULT_POOLS.pop(asyncio.get_running_loop(), None)
-    if pool is not None:
-        await pool.aclose()

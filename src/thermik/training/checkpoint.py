@@ -11,10 +11,8 @@ is never partial. `latest` is replaced atomically after the rename.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,32 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from thermik.atomic import TMP_PREFIX, publish_dir, remove_dir, remove_path, write_text_atomic
+
 STEP_DIR = re.compile(r"^step_(\d+)$")
-TMP_PREFIX = ".tmp_"
 LATEST = "latest"
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    """fsync every file and directory under `root` (directories too, so new entries are durable)."""
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            _fsync_path(Path(dirpath) / name)
-        _fsync_path(Path(dirpath))
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
 
 
 class CheckpointManager:
@@ -88,32 +64,12 @@ class CheckpointManager:
         # Make room first (disk may be tight); the newest complete checkpoint always survives.
         self._prune(self.keep - 1)
         name = f"step_{step}"
-        tmp = self.root / f"{TMP_PREFIX}{name}"
-        tmp.mkdir()
-        try:
-            write_fn(tmp)
-            _fsync_tree(tmp)
-        except BaseException:
-            _remove(tmp)
-            raise
-        final = self.root / name
-        if final.exists():  # saving the same step again: retire the old copy atomically first
-            final.rename(self.root / f"{TMP_PREFIX}replaced_{name}")
-        tmp.rename(final)
-        _fsync_path(self.root)
-        self._write_latest(name)
+        # Written into .tmp_step_<n>, fsynced, renamed; saving the same step again retires the old copy first.
+        final = publish_dir(self.root / name, write_fn, durable=True, unique_tmp=False)
+        write_text_atomic(self.root / LATEST, name + "\n", durable=True)
         self._prune(self.keep)
         self._clean_tmp()
         return final
-
-    def _write_latest(self, name: str) -> None:
-        tmp = self.root / f"{TMP_PREFIX}{LATEST}"
-        with open(tmp, "w") as f:
-            f.write(name + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.root / LATEST)
-        _fsync_path(self.root)
 
     def _prune(self, max_remaining: int) -> None:
         complete = self.list_complete()
@@ -124,15 +80,13 @@ class CheckpointManager:
                 break
             if path in protected:
                 continue
-            doomed = self.root / f"{TMP_PREFIX}delete_{path.name}"
-            path.rename(doomed)  # invisible as a checkpoint before any file is removed
-            _remove(doomed)
+            remove_dir(path)  # renamed (invisible as a checkpoint) before any file is removed
             excess -= 1
 
     def _clean_tmp(self) -> None:
         for path in self.root.iterdir():
             if path.name.startswith(TMP_PREFIX):
-                _remove(path)
+                remove_path(path)
 
 
 # ---------------------------------------------------------------- training state

@@ -14,15 +14,15 @@ import torch
 
 from thermik.config.schema import DataConfig, EnvConfig, InferenceConfig, LoRAConfig, ModelConfig
 from thermik.data.dataset import load_rows
-from thermik.data.synthetic import generate_rows
 from thermik.envs.base import Env
-from thermik.envs.registry import make
 from thermik.inference.base import InferenceEngine
 from thermik.inference.embedded import embedded_engine
 from thermik.inference.remote import RemoteEngine
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.rollout.agent_loop import EnvFactory
 from thermik.rollout.tokenization import ChatTokenizer
+from thermik.tasks.registry import generate_rows, make_env
+from thermik.tools.mcp_pool import MCPPool
 
 
 def seed_everything(seed: int) -> None:
@@ -31,12 +31,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_policy(cfg: ModelConfig, lora: LoRAConfig | None = None) -> tuple[torch.nn.Module, ChatTokenizer]:
+def load_policy(
+    cfg: ModelConfig, lora: LoRAConfig | None = None, tool_format: str = "hermes"
+) -> tuple[torch.nn.Module, ChatTokenizer]:
     """The policy (wrapped with LoRA adapters when lora.enabled) and its chat tokenizer."""
     model = load_model(cfg.path, dtype=cfg.dtype, device=cfg.device)
     if lora is not None and lora.enabled:
         model = _lora().apply_lora(model, lora)
-    return model, ChatTokenizer(load_tokenizer(cfg.path))
+    return model, ChatTokenizer(load_tokenizer(cfg.path, cfg.chat_template), tool_format)
 
 
 def _lora() -> Any:
@@ -137,27 +139,32 @@ def build_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceCon
     return ENGINES[cfg.backend](policy, chat, cfg)
 
 
-def env_factory(cfg: EnvConfig) -> EnvFactory:
-    def make_env(row: dict[str, Any]) -> Env:
+def env_factory(cfg: EnvConfig, pool: MCPPool) -> EnvFactory:
+    """Builds the env of each row; the envs that call MCP servers do it through `pool` (the run owns and closes it)."""
+
+    def build(row: dict[str, Any]) -> Env:
         name = cfg.name or row.get("env_class", "")
-        env = make(name, reward_spec=row.get("reward_spec", {}), extra_info=row.get("extra_info", {}), options=cfg)
+        reward_spec, extra_info = row.get("reward_spec", {}), row.get("extra_info", {})
+        env = make_env(name, reward_spec=reward_spec, extra_info=extra_info, options=cfg, pool=pool)
         if not cfg.render_tools:
             env.tools = None  # the system prompt names the tool; its schema stays out of the context
         return env
 
-    return make_env
+    return build
 
 
-def load_datasets(cfg: DataConfig, env_name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train rows, held-out rows): from files, or synthesized from disjoint splits of the environment's generator."""
-    train = (
-        load_rows(cfg.train_path)
-        if cfg.train_path
-        else generate_rows(env_name, cfg.synthetic_train_size, cfg.seed, split="train")
-    )
+def load_datasets(
+    cfg: DataConfig, env_name: str, train: bool = True
+) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]]]:
+    """(train rows, held-out rows): from files, or synthesized from disjoint splits of the environment's generator.
+    train=False: held-out rows only (an evaluation needs no training set, nor a generator for one)."""
+    rows = None
+    if train:
+        synthetic = cfg.synthetic_train_size
+        rows = load_rows(cfg.train_path) if cfg.train_path else generate_rows(env_name, synthetic, cfg.seed, "train")
     held_out = (
         load_rows(cfg.eval_path)
         if cfg.eval_path
         else generate_rows(env_name, cfg.synthetic_eval_size, cfg.seed, split="eval")
     )
-    return train, held_out
+    return rows, held_out

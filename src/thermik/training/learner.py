@@ -1,7 +1,8 @@
 """The training half of an RL run: policy (+ reference, critic), optimizer, checkpoints and one update per batch.
 
-`thermik rl` holds it together with the rollout half (`RLRun`); `thermik trainer` holds it alone and reads its
-batches from files the orchestrator writes. Both call `train_on_batch`, so the update is the same code.
+Built by `build_learner` from the run's config. The local run mode holds it beside the rollout half; the split
+trainer holds it alone and reads its batches from files the orchestrator writes. Both call `train_on_batch`, so the
+update is the same code (runs/step.py).
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from typing import Any
 import torch
 
 from thermik.config.schema import RunConfig
-from thermik.monitor.metrics import MetricsLogger
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.training import reference
 from thermik.training.algo_state import AlgorithmState
 from thermik.training.batch import TokenBatch
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
 from thermik.training.critic import Critic
+from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer
 from thermik.training.shaping import assign_advantages
 from thermik.training.update import logprobs_no_grad, policy_update
@@ -40,25 +41,27 @@ class Learner:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     checkpoints: CheckpointManager
-    logger: MetricsLogger
     algo: AlgorithmState
     critic: Critic | None = None  # advantage "gae" only
     start_step: int = 0
     update_threads: int = 0  # torch threads of the update thread; 0 inherits
 
 
-def learner_parts(cfg: RunConfig, policy: torch.nn.Module, metrics_dir: Path) -> dict[str, Any]:
-    """The Learner's fields besides cfg/policy/chat, as keywords (RLRun and the split trainer build from them)."""
+def build_learner(cfg: RunConfig, policy: torch.nn.Module, chat: ChatTokenizer, update_threads: int = 0) -> Learner:
+    """The training half of a run around an already loaded policy: reference, optimizer, checkpoints, critic."""
     optimizer, scheduler = build_optimizer(policy, cfg.trainer.optimizer)
-    return {
-        "ref": reference.build_reference(policy, cfg.algorithm),
-        "optimizer": optimizer,
-        "scheduler": scheduler,
-        "checkpoints": CheckpointManager(cfg.run_dir / "checkpoints", keep=cfg.checkpoint.keep),
-        "logger": MetricsLogger(metrics_dir, cfg.monitor.tensorboard, cfg.monitor.wandb_project),
-        "algo": AlgorithmState.from_config(cfg.algorithm),
-        "critic": _build_critic(cfg),
-    }
+    return Learner(
+        cfg=cfg,
+        policy=policy,
+        chat=chat,
+        ref=reference.build_reference(policy, cfg.algorithm),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        checkpoints=CheckpointManager(cfg.run_dir / "checkpoints", keep=cfg.checkpoint.keep),
+        algo=AlgorithmState.from_config(cfg.algorithm),
+        critic=_build_critic(cfg),
+        update_threads=update_threads,
+    )
 
 
 def _build_critic(cfg: RunConfig) -> Critic | None:
@@ -79,7 +82,6 @@ def restore(learner: Learner) -> dict[str, Any] | None:
     learner.start_step = int(extra["step"])
     learner.scheduler.load_state_dict(extra["scheduler"])
     learner.algo.kl.value = float(extra.get("kl_coef", learner.algo.kl.value))  # the adaptive KL weight goes on
-    learner.logger.truncate_after(learner.start_step + 1)  # steps <= start_step are done and kept
     return extra
 
 
@@ -135,16 +137,15 @@ def _update(learner: Learner, batch: TokenBatch, temperature: float, rollout_is_
     """One policy update (and, with a critic, its value-loss update) on the batch."""
     if learner.update_threads:
         torch.set_num_threads(learner.update_threads)  # this worker thread only (OpenMP thread counts are per thread)
+    cfg = learner.cfg
+    setup = LossSetup.from_config(cfg.algorithm, cfg.trainer, temperature, kl_coef=learner.algo.kl.value)
     metrics = policy_update(
         learner.policy,
         learner.ref,
         batch,
-        learner.cfg.algorithm,
-        learner.cfg.trainer,
+        setup,
         learner.optimizer,
         learner.scheduler,
-        temperature,
-        kl_coef=learner.algo.kl.value,
         guard=learner.algo.guard,
         rollout_is_behaviour=rollout_is_behaviour,
     )

@@ -8,30 +8,16 @@ so a threshold is a sturdier recipe than a fixed step count (FIELD-NOTES).
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from thermik.config.loader import dump_toml
-from thermik.config.schema import InferenceConfig, SFTConfig
-from thermik.data.synthetic import generate_rows
-from thermik.eval.evaluate import EvalResult, evaluate
-from thermik.monitor.metrics import MetricsLogger
-from thermik.monitor.plots import plot_run
-from thermik.monitor.progress import StepProgress
-from thermik.rollout.agent_loop import LoopLimits
+from thermik.atomic import publish_dir
 from thermik.rollout.tokenization import ChatTokenizer
-from thermik.rollout.trajectory import dump_trajectories
-from thermik.tools.mcp_pool import close_default_pool
-from thermik.training import components
 from thermik.training.batch import token_logprobs
-from thermik.training.optim import build_optimizer
 
 
 def load_conversations(path: str) -> list[dict[str, Any]]:
@@ -73,26 +59,8 @@ def sft_loss(model: torch.nn.Module, examples: list[tuple[list[int], list[int]]]
     return -(logp * mask).sum() / mask.sum().clamp(min=1)
 
 
-class HeldOutCheck:
-    """Samples held-out episodes with the current weights (pushed into a separate engine)."""
-
-    def __init__(self, cfg: SFTConfig, model: torch.nn.Module, chat: ChatTokenizer) -> None:
-        self.cfg, self.chat = cfg, chat
-        self.engine = components.build_engine(model, chat, InferenceConfig(seed=cfg.seed))
-        self.make_env = components.env_factory(cfg.env)
-        self.rows = generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval")
-        self.limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
-
-    async def __call__(self, model: torch.nn.Module, step: int) -> EvalResult:
-        await self.engine.update_weights(model.state_dict())
-        result, trajs = await evaluate(
-            self.engine, self.make_env, self.chat, self.rows, self.limits, self.cfg.eval_temperature, self.cfg.seed
-        )
-        dump_trajectories(self.cfg.run_dir / "trajectories" / f"eval_step_{step}.jsonl", trajs)
-        return result
-
-
-def _sft_step(model: torch.nn.Module, batch: list, pad: int, optimizer, scheduler, max_grad_norm: float) -> dict:
+def sft_update(model: torch.nn.Module, batch: list, pad: int, optimizer, scheduler, max_grad_norm: float) -> dict:
+    """One optimizer step on a batch of encoded conversations."""
     t0 = time.perf_counter()
     model.train()
     loss = sft_loss(model, batch, pad)
@@ -104,52 +72,11 @@ def _sft_step(model: torch.nn.Module, batch: list, pad: int, optimizer, schedule
     return {"sft/loss": float(loss.detach()), "sft/grad_norm": float(grad_norm), "time/step": time.perf_counter() - t0}
 
 
-async def _sft(cfg: SFTConfig) -> dict[str, Any]:
-    components.seed_everything(cfg.seed)
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    (cfg.run_dir / "config.toml").write_text(dump_toml(cfg))
-    model, chat = components.load_policy(cfg.model)
-    examples = encode_all(chat, load_conversations(cfg.train_path), cfg.max_length, cfg.env.render_tools)
-    optimizer, scheduler = build_optimizer(model, cfg.optimizer)
-    check = HeldOutCheck(cfg, model, chat)
-    logger = MetricsLogger(cfg.run_dir)
-    rng = random.Random(cfg.seed)
-    pad = chat.tokenizer.pad_token_id or 0
-    result: dict[str, Any] = {"steps": 0, "success": None, "reward": None}
-    try:
-        with StepProgress(cfg.max_steps, "SFT", cfg.progress) as progress:
-            for step in range(1, cfg.max_steps + 1):
-                batch = rng.sample(examples, min(cfg.batch_size, len(examples)))
-                metrics = _sft_step(model, batch, pad, optimizer, scheduler, cfg.optimizer.max_grad_norm)
-                result["steps"] = step
-                if cfg.eval_every and step % cfg.eval_every == 0 and step >= cfg.min_steps:
-                    held_out = await check(model, step)
-                    metrics.update(held_out.as_metrics())
-                    result.update(success=held_out.success, reward=held_out.reward)
-                logger.log(step, metrics)
-                progress.update(step, {"loss": metrics["sft/loss"], "success": result["success"] or 0.0})
-                reached = result[cfg.stop_metric] is not None and result[cfg.stop_metric] >= cfg.stop_at
-                if reached and step >= cfg.min_steps:
-                    break
-        _save_model(model, chat, cfg.run_dir / "model")
-        plot_run(cfg.run_dir / "metrics.jsonl", cfg.run_dir)
-    finally:
-        logger.close()
-        await check.engine.close()
-        await close_default_pool()
-    (cfg.run_dir / "sft_result.json").write_text(json.dumps(result))
-    return result
-
-
-def _save_model(model: torch.nn.Module, chat: ChatTokenizer, out: Path) -> None:
+def save_model(model: torch.nn.Module, chat: ChatTokenizer, out: Path) -> None:
     """Atomic: a model directory is complete or absent."""
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    chat.tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
 
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        chat.tokenizer.save_pretrained(tmp)
 
-def run_sft(cfg: SFTConfig) -> dict[str, Any]:
-    return asyncio.run(_sft(cfg))
+    publish_dir(out, write)

@@ -25,7 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from transformers import PreTrainedModel
 
 from thermik.algorithms.losses import entropy_from_logits
-from thermik.inference.native_model import unsupported_reason
+from thermik.models.architecture import apply_rope, unsupported_reason
 
 
 @dataclass
@@ -161,9 +161,4 @@ def _qkv(
     if getattr(attn, "q_norm", None) is not None:
         q, k = attn.q_norm(q), attn.k_norm(k)
     cos, sin = (c[:, None] for c in rope)
-    return _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin), v
-
-
-def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    return apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin), v

@@ -1,0 +1,34 @@
+"""The decoder shape thermik's own forwards understand (Qwen2, Qwen3, Llama): which HF models qualify, and the
+rotary position embedding they share. Used by the engine's native forward (inference/native_model.py) and the
+shared-prompt training forward (training/shared_prefix.py)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama"})
+
+
+def unsupported_reason(model: PreTrainedModel) -> str | None:
+    """Why `model` cannot run on thermik's own forwards (None if it can)."""
+    cfg = model.config
+    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {cfg.model_type!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}"
+    if getattr(cfg, "use_sliding_window", False) or any(
+        t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])
+    ):
+        return "sliding-window attention layers"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} (only silu)"
+    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1"
+    return None
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary position embedding (Su et al. 2021) in the HF "rotate half" layout: x [..., D], cos/sin broadcast."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

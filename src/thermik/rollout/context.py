@@ -1,0 +1,91 @@
+"""The rollout half of an RL run: engine, environments, prompt sampler; one step's sampling and held-out eval.
+
+Built by `runs.build.build_run`. The local and Ray run modes hold it beside the training half; the split
+orchestrator holds it alone and drives a remote inference server with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from thermik.algorithms.shaping import select_groups, zero_variance_rows
+from thermik.config.schema import RunConfig
+from thermik.data.sampler import PromptSampler
+from thermik.inference.base import InferenceEngine
+from thermik.rollout.agent_loop import EnvFactory, LoopLimits, rollout_rows
+from thermik.rollout.evaluation import EvalResult, evaluate
+from thermik.rollout.tokenization import ChatTokenizer
+from thermik.rollout.trajectory import Trajectory, dump_trajectories
+
+
+@dataclass(kw_only=True)
+class RolloutContext:
+    """What sampling a step and evaluating need."""
+
+    cfg: RunConfig
+    chat: ChatTokenizer
+    engine: InferenceEngine
+    make_env: EnvFactory
+    sampler: PromptSampler | None  # None: evaluation only
+    held_out: list[dict[str, Any]]
+    limits: LoopLimits
+
+
+async def sample_groups(ctx: RolloutContext, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
+    """(all sampled trajectories, the training batch, metrics). With DAPO dynamic sampling the batch keeps only
+    groups whose rewards differ: `filter` samples up to dynamic_sampling_max_rounds more rounds of prompts to
+    fill prompts_per_step groups, `replace` duplicates kept groups instead."""
+    cfg, alg = ctx.cfg, ctx.cfg.algorithm
+    want = cfg.trainer.prompts_per_step
+    extra_rounds = alg.dynamic_sampling_max_rounds if alg.dynamic_sampling == "filter" else 0
+    sampled: list[Trajectory] = []
+    for r in range(1 + extra_rounds):
+        assert ctx.sampler is not None, "sampling training groups needs the training rows"
+        rows = ctx.sampler.next_batch(want)
+        seed = cfg.seed * 1_000_003 + step * 10_007 + r * 7_919
+        new = await rollout_rows(
+            ctx.engine, ctx.make_env, ctx.chat, rows, cfg.trainer.group_size, ctx.limits, cfg.rollout.sampling, seed
+        )
+        for t in new:
+            t.group_id += r * want  # group ids stay unique across rounds
+        sampled += new
+        if alg.dynamic_sampling == "none" or _groups_with_signal(sampled) >= want:
+            break
+    if alg.dynamic_sampling == "none":
+        return sampled, sampled, {}
+    picks = select_groups(*_rewards_and_groups(sampled), want, alg.dynamic_sampling)
+    batch = [dataclasses.replace(sampled[i], group_id=g) for i, g in picks] or sampled[-want * cfg.trainer.group_size :]
+    groups = len({g for _, g in picks})
+    return sampled, batch, {"batch/groups_kept": float(groups), "batch/rollout_rounds": float(r + 1)}
+
+
+def _rewards_and_groups(trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.tensor([t.reward for t in trajs], dtype=torch.float32), torch.tensor([t.group_id for t in trajs])
+
+
+def _groups_with_signal(trajs: list[Trajectory]) -> int:
+    rewards, group_ids = _rewards_and_groups(trajs)
+    return len(set(group_ids[~zero_variance_rows(rewards, group_ids)].tolist()))
+
+
+async def evaluate_held_out(ctx: RolloutContext, label: str, out_dir: Path) -> EvalResult:
+    """Held-out evaluation; writes out_dir/eval_<label>.json and out_dir/trajectories/eval_<label>.jsonl."""
+    result, trajs = await evaluate(
+        ctx.engine, ctx.make_env, ctx.chat, ctx.held_out, ctx.limits, ctx.cfg.eval.temperature, seed=ctx.cfg.seed
+    )
+    dump_trajectories(out_dir / "trajectories" / f"eval_{label}.jsonl", trajs)
+    (out_dir / f"eval_{label}.json").write_text(json.dumps(result.__dict__))
+    return result
+
+
+def dump_step_trajectories(ctx: RolloutContext, step: int, sampled: list[Trajectory]) -> None:
+    """Every monitor.save_trajectories_every steps: the step's sampled episodes as trajectories/step_<n>.jsonl."""
+    every = ctx.cfg.monitor.save_trajectories_every
+    if every and (step + 1) % every == 0:
+        dump_trajectories(ctx.cfg.run_dir / "trajectories" / f"step_{step + 1}.jsonl", sampled)

@@ -1,0 +1,19 @@
+"""Bounded staleness, the one rule of asynchronous training (DESIGN.md): a sample made by the weights of version v
+may train step s only if s - v <= max_off_policy_steps. Versions and steps count the same optimizer steps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def within_staleness(sample_version: int, train_step: int, max_off_policy_steps: int) -> bool:
+    """Whether a sample made by weights `sample_version` may train step `train_step` (0: on-policy only)."""
+    return train_step - sample_version <= max_off_policy_steps
+
+
+def staleness_metrics(staleness: Sequence[int]) -> dict[str, float]:
+    """`off_policy/staleness_mean|max` of the per-sample (or per-group) staleness s - v of one training batch."""
+    return {
+        "off_policy/staleness_mean": sum(staleness) / len(staleness),
+        "off_policy/staleness_max": float(max(staleness)),
+    }

@@ -1,0 +1,156 @@
+"""`thermik rl` on one process: the engine, the environments and the learner share this process.
+
+Synchronous by default; with trainer.max_off_policy_steps > 0 a `GroupProducer` keeps generating groups while
+the trainer trains (bounded staleness), and the update takes the rollout logprobs as the behaviour policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from thermik.config.schema import InferenceConfig, RunConfig
+from thermik.rollout.agent_loop import rollout_rows
+from thermik.rollout.context import RolloutContext, evaluate_held_out
+from thermik.rollout.group_producer import GroupProducer
+from thermik.rollout.trajectory import Trajectory
+from thermik.runs.build import Run, build_run
+from thermik.runs.loop import rl_plan, run_loop
+from thermik.runs.step import Rollout, learner_update, make_rollout, rl_step, sample_rollout
+from thermik.training import components
+from thermik.training.learner import Learner, save_checkpoint
+
+__all__ = ["LocalMode", "run_rl", "setup"]
+
+
+class LocalMode:
+    """The StepHalves and loop hooks of a single-process run."""
+
+    def __init__(self, run: Run) -> None:
+        assert run.rollout is not None and run.learner is not None
+        self.run, self.cfg = run, run.cfg
+        self.rollout_ctx: RolloutContext = run.rollout
+        self.learner: Learner = run.learner
+        self.producer: GroupProducer | None = None  # asynchronous mode only
+
+    # ---------------------------------------------------------------- StepHalves
+
+    async def rollout(self, step: int) -> Rollout:
+        """Sync: all episodes of the batch now (+ DAPO dynamic sampling); async: the oldest admissible groups the
+        producer made meanwhile."""
+        if self.producer is None:
+            return await sample_rollout(self.rollout_ctx, step)
+        t0 = time.perf_counter()
+        trajs, metrics = await _take_groups(self.producer)
+        return make_rollout(
+            self.rollout_ctx, step, trajs, trajs, {**metrics, "time/generate": time.perf_counter() - t0}
+        )
+
+    async def update(self, rollout: Rollout, step: int) -> dict[str, float]:
+        return await learner_update(self.learner, rollout, step, off_policy=self.producer is not None)
+
+    async def sync_weights(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        version = await self.rollout_ctx.engine.update_weights(components.engine_weights(self.learner.policy))
+        if self.producer is not None:
+            await self.producer.weights_updated()
+        return {"weights/version": float(version), "time/weight_sync": time.perf_counter() - t0}
+
+    # ---------------------------------------------------------------- loop hooks
+
+    async def start(self) -> None:
+        if self.run.start_step:
+            await self.rollout_ctx.engine.update_weights(components.engine_weights(self.learner.policy))
+        if self.cfg.trainer.max_off_policy_steps > 0:
+            self.producer = _start_producer(self.rollout_ctx)
+
+    async def step(self, step: int) -> dict[str, float]:
+        return await rl_step(self, step)
+
+    async def evaluate(self, label: str) -> Any:
+        return await evaluate_held_out(self.rollout_ctx, label, self.cfg.run_dir)
+
+    def save(self, step: int) -> None:
+        save_checkpoint(self.learner, step, {"sampler": self.rollout_ctx.sampler.state_dict()})
+
+    def done(self, step: int, metrics: dict[str, float]) -> bool:
+        return False
+
+    async def stop(self) -> None:
+        if self.producer is not None:
+            await self.producer.stop()
+
+    def export(self) -> Path:
+        out = self.cfg.run_dir / "export"
+        components.export_policy(self.learner.policy, self.run.chat, out)
+        return out
+
+
+def thread_split(cfg: RunConfig) -> tuple[InferenceConfig, int]:
+    """(inference config, update threads). Asynchronous training decodes and updates at the same time in two
+    threads of this process; each running OpenMP teams of all cores makes them spin against each other, so unless
+    inference.num_threads is set, each gets half of torch's threads (measured: README, async benchmark)."""
+    if cfg.trainer.max_off_policy_steps == 0 or cfg.inference.num_threads:
+        return cfg.inference, 0
+    half = max(1, torch.get_num_threads() // 2)
+    return cfg.inference.model_copy(update={"num_threads": half}), max(1, torch.get_num_threads() - half)
+
+
+def setup(cfg: RunConfig) -> Run:
+    """The run of `thermik rl` on one process (policy, learner, engine, rollout half), resumed when asked."""
+    engine_cfg, update_threads = thread_split(cfg)
+    run = build_run(
+        cfg,
+        engine=lambda policy, chat: components.build_engine(policy, chat, engine_cfg),
+        update_threads=update_threads,
+    )
+    if run.resumed is not None:
+        print(f"resumed {cfg.run_dir} from step_{run.start_step} (step {run.start_step} of {cfg.trainer.steps})")
+    return run
+
+
+async def _take_groups(producer: GroupProducer) -> tuple[list[Trajectory], dict[str, float]]:
+    groups, metrics = await producer.next_batch()
+    for group_id, group in enumerate(groups):
+        for traj in group.trajectories:
+            traj.group_id = group_id
+    return [t for g in groups for t in g.trajectories], metrics
+
+
+def _start_producer(ctx: RolloutContext) -> GroupProducer:
+    cfg = ctx.cfg
+
+    async def rollout_group(row: dict[str, Any], index: int) -> list[Trajectory]:
+        seed = cfg.seed * 1_000_003 + index * 10_007
+        return await rollout_rows(
+            ctx.engine, ctx.make_env, ctx.chat, [row], cfg.trainer.group_size, ctx.limits, cfg.rollout.sampling, seed
+        )
+
+    producer = GroupProducer(
+        rollout_group,
+        ctx.sampler,
+        cfg.trainer.prompts_per_step,
+        cfg.trainer.max_off_policy_steps,
+        lambda: ctx.engine.weight_version,
+        stale=cfg.trainer.stale_groups,
+    )
+    producer.start()
+    return producer
+
+
+async def train(cfg: RunConfig) -> dict[str, Any]:
+    run = setup(cfg)
+    mode = LocalMode(run)
+    try:
+        return await run_loop(mode, run, rl_plan(cfg, f"GRPO {cfg.env.name}"))
+    finally:
+        await mode.stop()
+        await run.close()
+
+
+def run_rl(cfg: RunConfig) -> dict[str, Any]:
+    return asyncio.run(train(cfg))

@@ -1,0 +1,96 @@
+"""`thermik sft`: supervised fine-tuning on chat conversations (training/sft.py) in the one outer loop.
+
+Optionally stops early once sampled held-out success reaches a threshold: when a tiny model learns to copy varies
+by seed, so a threshold is a sturdier recipe than a fixed step count (FIELD-NOTES).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Any
+
+from thermik.config.schema import InferenceConfig, SFTConfig
+from thermik.rollout.agent_loop import LoopLimits
+from thermik.rollout.evaluation import EvalResult, evaluate
+from thermik.rollout.trajectory import dump_trajectories
+from thermik.runs.build import Run, open_run
+from thermik.runs.loop import LoopPlan, run_loop
+from thermik.tasks.registry import generate_rows
+from thermik.training import components
+from thermik.training.optim import build_optimizer
+from thermik.training.sft import encode_all, load_conversations, save_model, sft_update
+
+
+class SFTMode:
+    """The loop hooks of `thermik sft`: one optimizer step per loop step, the held-out check as its evaluation."""
+
+    def __init__(self, run: Run, cfg: SFTConfig) -> None:
+        assert run.policy is not None
+        self.run, self.cfg, self.model, self.chat = run, cfg, run.policy, run.chat
+        self.examples = encode_all(self.chat, load_conversations(cfg.train_path), cfg.max_length, cfg.env.render_tools)
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optimizer)
+        # The held-out check samples with the current weights, pushed into an engine of its own.
+        self.engine = components.build_engine(self.model, self.chat, InferenceConfig(seed=cfg.seed))
+        self.make_env = components.env_factory(cfg.env, run.pool)
+        self.held_out = generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval")
+        self.limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
+        self.rng = random.Random(cfg.seed)
+        self.result: dict[str, Any] = {"steps": 0, "success": None, "reward": None}
+
+    async def start(self) -> None:
+        return None
+
+    async def step(self, step: int) -> dict[str, float]:
+        batch = self.rng.sample(self.examples, min(self.cfg.batch_size, len(self.examples)))
+        pad = self.chat.tokenizer.pad_token_id or 0
+        self.result["steps"] = step + 1
+        return sft_update(self.model, batch, pad, self.optimizer, self.scheduler, self.cfg.optimizer.max_grad_norm)
+
+    async def evaluate(self, label: str) -> EvalResult:
+        await self.engine.update_weights(self.model.state_dict())
+        result, trajs = await evaluate(
+            self.engine, self.make_env, self.chat, self.held_out, self.limits, self.cfg.eval_temperature, self.cfg.seed
+        )
+        dump_trajectories(self.cfg.run_dir / "trajectories" / f"eval_{label}.jsonl", trajs)
+        self.result.update(success=result.success, reward=result.reward)
+        return result
+
+    def save(self, step: int) -> None:
+        return None  # the model is saved once, at the end
+
+    def done(self, step: int, metrics: dict[str, float]) -> bool:
+        value = self.result[self.cfg.stop_metric]
+        return value is not None and value >= self.cfg.stop_at and step >= self.cfg.min_steps
+
+    async def stop(self) -> None:
+        return None
+
+    def export(self) -> None:
+        save_model(self.model, self.chat, self.cfg.run_dir / "model")
+
+
+async def _sft(cfg: SFTConfig) -> dict[str, Any]:
+    run = open_run(cfg)
+    mode = SFTMode(run, cfg)
+    plan = LoopPlan(
+        title="SFT",
+        steps=cfg.max_steps,
+        eval_every=cfg.eval_every,
+        eval_min_step=cfg.min_steps,
+        checkpoint=False,
+        show=(("loss", "sft/loss"), ("success", "eval/success")),
+        progress=cfg.progress,
+    )
+    try:
+        await run_loop(mode, run, plan)
+    finally:
+        await mode.engine.close()
+        await run.close()
+    (cfg.run_dir / "sft_result.json").write_text(json.dumps(mode.result))
+    return mode.result
+
+
+def run_sft(cfg: SFTConfig) -> dict[str, Any]:
+    return asyncio.run(_sft(cfg))

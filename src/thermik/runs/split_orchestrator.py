@@ -1,0 +1,218 @@
+"""`thermik orchestrator`: the rollout half of a split run, driving a `thermik inference` server over HTTP.
+
+Per step s: wait until the trainer has published weights of a step >= s - max_off_policy_steps, have the server
+load every newer weight directory in order (POST /update_weights), sample the step's groups (rewards come from
+the environments), and publish the collated batch as `rollouts/step_<s>`. Advantages are computed by the trainer:
+estimators may need the critic's values or the reference's logprobs, which live there. Held-out evaluation runs
+before the first and after the last step, on the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from thermik.atomic import write_json_atomic
+from thermik.config.schema import RunConfig
+from thermik.inference.remote import RemoteEngine
+from thermik.rollout.context import RolloutContext, evaluate_held_out, sample_groups
+from thermik.rollout.evaluation import EvalResult
+from thermik.rollout.staleness import staleness_metrics, within_staleness
+from thermik.rollout.trajectory import Trajectory, dump_trajectories
+from thermik.runs.build import Run, build_run, resume_logger
+from thermik.runs.loop import LoopPlan, run_loop
+from thermik.runs.split_protocol import (
+    META_FILE,
+    TRAJECTORIES_FILE,
+    SplitLayout,
+    publish_dir,
+    published_steps,
+    save_batch,
+    wait_until,
+)
+from thermik.runs.step import Rollout, make_rollout, rl_step
+
+
+class OrchestratorMode:
+    """The StepHalves and loop hooks of `thermik orchestrator`: weights from files in (at admission), batches out."""
+
+    def __init__(self, run: Run, layout: SplitLayout) -> None:
+        assert run.rollout is not None
+        self.run, self.cfg, self.layout = run, run.cfg, layout
+        self.rollout_ctx: RolloutContext = run.rollout
+        self.engine: RemoteEngine = run.rollout.engine  # type: ignore[assignment]
+        self.weight_step = 0  # trainer step of the weights the server holds
+        self.step_of_version: dict[int, int] = {}  # server weight version -> trainer step
+
+    async def rollout(self, step: int) -> Rollout:
+        """Admission (weights of step >= s - max_off_policy_steps, loaded into the server), then sampling."""
+        cfg = self.cfg
+        t_wait = await load_new_weights(self, step, cfg.trainer.max_off_policy_steps)
+        t0 = time.perf_counter()
+        sampled, trajs, metrics = await sample_groups(self.rollout_ctx, step)
+        t_generate = time.perf_counter() - t0
+        stale = staleness(self, step, trajs)
+        if max(stale) > cfg.trainer.max_off_policy_steps:  # the admission rule makes this impossible; say so if not
+            raise RuntimeError(f"step {step}: staleness {max(stale)} > trainer.max_off_policy_steps")
+        metrics = {
+            **metrics,
+            **staleness_metrics(stale),
+            "weights/step": float(self.weight_step),
+            "time/wait_weights": t_wait,
+            "time/generate": t_generate,
+        }
+        return make_rollout(self.rollout_ctx, step, sampled, trajs, metrics)
+
+    async def update(self, rollout: Rollout, step: int) -> dict[str, float]:
+        """Publish the collated batch (advantages are the trainer's) and its trajectories, then the resume state."""
+        weight_step = step - int(rollout.metrics["off_policy/staleness_max"])
+        meta = {"step": step, "weight_step": weight_step, "num_samples": len(rollout.trajs)}
+
+        def write(directory: Path) -> None:
+            save_batch(rollout.batch, directory)
+            dump_trajectories(directory / TRAJECTORIES_FILE, rollout.trajs)
+            write_json_atomic(directory / META_FILE, meta)
+
+        await asyncio.to_thread(publish_dir, self.layout.rollout_dir(step), write)
+        state = {"next_step": step + 1, "sampler": self.rollout_ctx.sampler.state_dict()}
+        write_json_atomic(self.layout.orchestrator_state, state)
+        return {}
+
+    async def sync_weights(self, step: int) -> dict[str, float]:
+        return {}  # the next step's admission loads the trainer's newer weights
+
+    async def start(self) -> None:
+        return None
+
+    async def step(self, step: int) -> dict[str, float]:
+        return await rl_step(self, step)
+
+    async def evaluate(self, label: str) -> EvalResult:
+        return await evaluate_held_out(self.rollout_ctx, label, self.cfg.run_dir)
+
+    def save(self, step: int) -> None:
+        return None  # the orchestrator's state file is written every step
+
+    def done(self, step: int, metrics: dict[str, float]) -> bool:
+        return False
+
+    async def stop(self) -> None:
+        await load_new_weights(self, self.cfg.trainer.steps, 0)  # the trainer's final weights, for the evaluation
+
+    def export(self) -> None:
+        return None  # the trainer exports the policy
+
+
+def _remote_engine(cfg: RunConfig, run_chat: Any) -> RemoteEngine:
+    inf = cfg.inference
+    return RemoteEngine(
+        inf.base_url,
+        api_key=inf.api_key or None,
+        model=inf.served_model_name or None,
+        stop_token_ids=run_chat.stop_ids,
+        timeout_s=inf.timeout_s,
+    )
+
+
+async def setup_orchestrator(cfg: RunConfig) -> OrchestratorMode:
+    layout = SplitLayout(cfg.run_dir)
+    engine = lambda _policy, chat: _remote_engine(cfg, chat)  # noqa: E731
+    run = build_run(cfg, out_dir=layout.orchestrator_dir, load_policy=False, engine=engine, learner=False)
+    orch = OrchestratorMode(run, layout)
+    if cfg.checkpoint.resume and layout.orchestrator_state.is_file():
+        state = json.loads(layout.orchestrator_state.read_text())
+        resume_logger(run, int(state["next_step"]), state["sampler"])
+        print(f"thermik orchestrator: resumed {cfg.run_dir} at step {run.start_step} of {cfg.trainer.steps}")
+    # A fresh server holds model.path, the weights of step 0; after a restart it is told the newest ones.
+    version = await wait_until(
+        lambda: _server_version(orch.engine),
+        cfg.split.wait_timeout_s,
+        cfg.split.poll_interval_s,
+        waiting_for=f"the inference server at {cfg.inference.base_url}",
+        check="that `thermik inference` runs with this config (server.port must match inference.base_url)",
+    )
+    published = published_steps(layout.weights)
+    if published:
+        await _load(orch, published[-1])
+    else:
+        orch.step_of_version[version] = 0
+    return orch
+
+
+async def _server_version(engine: RemoteEngine) -> int | None:
+    try:
+        return await engine.refresh_version()
+    except ConnectionError:
+        return None
+
+
+async def _load(orch: OrchestratorMode, step: int) -> None:
+    version = await orch.engine.update_weights(orch.layout.weights_dir(step).resolve())
+    orch.step_of_version[version] = step
+    orch.weight_step = step
+
+
+async def load_new_weights(orch: OrchestratorMode, step: int, max_off_policy_steps: int) -> float:
+    """Wait until `step` is admitted (weights of a step >= step - max_off_policy_steps are published; step 0 is
+    model.path), then have the server load every published step newer than the one it holds, in order (so a fresh
+    server's weight version equals the trainer step). Returns the seconds spent waiting."""
+    cfg = orch.cfg
+    t0 = time.perf_counter()
+    need = step - max_off_policy_steps
+
+    def ready() -> bool | None:
+        newest = max(published_steps(orch.layout.weights), default=0)
+        return True if within_staleness(max(newest, orch.weight_step), step, max_off_policy_steps) else None
+
+    await wait_until(
+        ready,
+        cfg.split.wait_timeout_s,
+        cfg.split.poll_interval_s,
+        waiting_for=f"the weights of step {need} ({orch.layout.weights_dir(need)})",
+        check="that `thermik trainer` runs with this config (see the trainer's log and trainer/metrics.jsonl)",
+    )
+    waited = time.perf_counter() - t0
+    for published in published_steps(orch.layout.weights):
+        if published > orch.weight_step:
+            await _load(orch, published)
+    return waited
+
+
+def staleness(orch: OrchestratorMode, step: int, trajs: list[Trajectory]) -> list[int]:
+    """Per trajectory: step minus the trainer step of the oldest weights behind any of its sampled tokens."""
+    out = []
+    for t in trajs:
+        versions = {v for v in t.weight_versions if v >= 0}
+        unknown = versions - orch.step_of_version.keys()
+        if unknown:
+            raise RuntimeError(
+                f"the server sampled with weight version(s) {sorted(unknown)} that this orchestrator did not load; "
+                "is another process pushing weights to the same server?"
+            )
+        out.append(step - min((orch.step_of_version[v] for v in versions), default=orch.weight_step))
+    return out
+
+
+async def orchestrate(cfg: RunConfig) -> dict[str, Any]:
+    orch = await setup_orchestrator(cfg)
+    plan = LoopPlan(
+        title=f"orchestrator {cfg.env.name}",
+        steps=cfg.trainer.steps,
+        eval_before=cfg.eval.before and orch.run.start_step == 0 and orch.weight_step == 0,
+        eval_after=True,
+        checkpoint=False,
+        samples_per_step=cfg.trainer.prompts_per_step * cfg.trainer.group_size,
+        progress=cfg.monitor.progress,
+    )
+    try:
+        result = await run_loop(orch, orch.run, plan)
+        return {"before": result["before"], "after": result["after"], "weight_step": orch.weight_step}
+    finally:
+        await orch.run.close()
+
+
+def run_orchestrator(cfg: RunConfig) -> dict[str, Any]:
+    return asyncio.run(orchestrate(cfg))

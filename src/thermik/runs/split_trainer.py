@@ -1,0 +1,136 @@
+"""`thermik trainer`: the training half of a split run (docs/process_split.md).
+
+Per step s: wait for `rollouts/step_<s>`, run the same update as `thermik rl` (`learner.train_on_batch`), publish
+`weights/step_<s+1>`, log, checkpoint. Resumes from `checkpoints/latest` like `thermik rl`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from thermik.config.schema import RunConfig
+from thermik.inference.weights import WEIGHTS_FILE, write_safetensors
+from thermik.rollout.evaluation import EvalResult
+from thermik.runs.build import Run, build_run
+from thermik.runs.loop import LoopPlan, run_loop
+from thermik.runs.split_protocol import (
+    META_FILE,
+    SplitLayout,
+    load_batch,
+    prune_steps,
+    publish_dir,
+    published_steps,
+    wait_until,
+)
+from thermik.runs.step import Rollout, learner_update, rl_step
+from thermik.training import components
+from thermik.training.batch import TokenBatch
+from thermik.training.learner import Learner, save_checkpoint
+
+
+class SplitTrainerMode:
+    """The StepHalves and loop hooks of `thermik trainer`: batches from files in, weight files out."""
+
+    def __init__(self, run: Run, layout: SplitLayout) -> None:
+        assert run.learner is not None
+        self.run, self.cfg, self.layout = run, run.cfg, layout
+        self.learner: Learner = run.learner
+
+    async def rollout(self, step: int) -> Rollout:
+        """The orchestrator's batch of step s (sampled by weights of step >= s - max_off_policy_steps)."""
+        t0 = time.perf_counter()
+        batch, meta = await wait_for_rollouts(self.layout, step, self.cfg)
+        staleness = float(step - int(meta["weight_step"]))
+        return Rollout(
+            [], [], batch, {"off_policy/staleness_max": staleness, "time/wait_rollouts": time.perf_counter() - t0}
+        )
+
+    async def update(self, rollout: Rollout, step: int) -> dict[str, float]:
+        return await learner_update(self.learner, rollout, step, off_policy=self.cfg.trainer.max_off_policy_steps > 0)
+
+    async def sync_weights(self, step: int) -> dict[str, float]:
+        """Publish weights/step_<s+1> for the orchestrator to load into the server."""
+        t0 = time.perf_counter()
+        await asyncio.to_thread(publish_weights, self.learner, self.layout, step + 1)
+        return {"weights/step": float(step + 1), "time/weight_sync": time.perf_counter() - t0}
+
+    async def start(self) -> None:
+        return None
+
+    async def step(self, step: int) -> dict[str, float]:
+        return await rl_step(self, step)
+
+    async def evaluate(self, label: str) -> EvalResult:
+        raise RuntimeError("the split trainer does not evaluate: the orchestrator does, on the inference server")
+
+    def save(self, step: int) -> None:
+        save_checkpoint(self.learner, step)
+        prune_steps(self.layout.rollouts, step)  # a resumed trainer starts at `step`: older batches are never read
+
+    def done(self, step: int, metrics: dict[str, float]) -> bool:
+        return False
+
+    async def stop(self) -> None:
+        return None
+
+    def export(self) -> Path:
+        out = self.cfg.run_dir / "export"
+        components.export_policy(self.learner.policy, self.run.chat, out)
+        return out
+
+
+def setup_trainer(cfg: RunConfig) -> SplitTrainerMode:
+    layout = SplitLayout(cfg.run_dir)
+    mode = SplitTrainerMode(build_run(cfg, out_dir=layout.trainer_dir), layout)
+    if mode.run.resumed is not None:
+        print(f"thermik trainer: resumed {cfg.run_dir} at step {mode.run.start_step} of {cfg.trainer.steps}")
+        publish_weights(mode.learner, layout, mode.run.start_step)  # a restarted server or orchestrator picks them up
+    return mode
+
+
+def publish_weights(learner: Learner, layout: SplitLayout, step: int) -> Path:
+    """weights/step_<step>/model.safetensors (what a weight sync sends: LoRA merged in), atomically; older ones
+    the orchestrator can no longer need are removed."""
+    state = components.engine_weights(learner.policy)
+    path = publish_dir(layout.weights_dir(step), lambda tmp: write_safetensors(state, tmp / WEIGHTS_FILE))
+    # The orchestrator loads every published step in order and is at most max_off_policy_steps + 1 behind.
+    prune_steps(layout.weights, step - learner.cfg.trainer.max_off_policy_steps - 1)
+    return path
+
+
+async def wait_for_rollouts(layout: SplitLayout, step: int, cfg: RunConfig) -> tuple[TokenBatch, dict[str, Any]]:
+    """The batch and meta of rollouts/step_<step>, once the orchestrator has published them."""
+    directory = layout.rollout_dir(step)
+    await wait_until(
+        lambda: True if step in published_steps(layout.rollouts) else None,
+        cfg.split.wait_timeout_s,
+        cfg.split.poll_interval_s,
+        waiting_for=f"the rollouts of step {step} ({directory})",
+        check="that `thermik orchestrator` runs with this config and reaches its inference server (see the "
+        "orchestrator's log and orchestrator/metrics.jsonl)",
+    )
+    return load_batch(directory), json.loads((directory / META_FILE).read_text())
+
+
+async def train_split(cfg: RunConfig) -> dict[str, Any]:
+    mode = setup_trainer(cfg)
+    plan = LoopPlan(
+        title=f"trainer {cfg.env.name}",
+        steps=cfg.trainer.steps,
+        checkpoint_every=cfg.checkpoint.every,
+        show=(("loss", "policy/loss"),),
+        progress=cfg.monitor.progress,
+    )
+    try:
+        await run_loop(mode, mode.run, plan)
+        return {"steps": cfg.trainer.steps, "weights": str(mode.layout.weights_dir(cfg.trainer.steps))}
+    finally:
+        await mode.run.close()
+
+
+def run_trainer(cfg: RunConfig) -> dict[str, Any]:
+    return asyncio.run(train_split(cfg))

@@ -1,0 +1,86 @@
+"""The core of one RL step, the same in every run mode: rollout -> rewards -> advantages -> update -> weight sync.
+
+The modes differ only in where each half runs and how weights travel, which a `StepHalves` implementation says:
+
+| mode | rollout | update | weight sync |
+|---|---|---|---|
+| local (runs/local.py) | this process's engine (or the async producer) | this process's learner | into the engine |
+| Ray (runs/ray.py) | engine actors | data-parallel trainer actors | broadcast or files |
+| split trainer | read the orchestrator's batch | this process's learner | publish a weight file |
+| split orchestrator | admission, then the inference server | publish the batch | (at the next admission) |
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from thermik.rollout.context import RolloutContext, dump_step_trajectories, sample_groups
+from thermik.rollout.metrics import rollout_metrics
+from thermik.rollout.trajectory import Trajectory
+from thermik.training.batch import TokenBatch, collate
+from thermik.training.learner import Learner, train_on_batch
+
+
+@dataclass
+class Rollout:
+    """One step's rollout: every sampled trajectory, the training batch made from them, and their metrics."""
+
+    sampled: list[Trajectory]  # all episodes sampled this step (dynamic sampling may train on fewer)
+    trajs: list[Trajectory]  # the episodes of the training batch (none when the batch was read from files)
+    batch: TokenBatch  # collated training batch (exactly the sampled token ids)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class StepHalves(Protocol):
+    async def rollout(self, step: int) -> Rollout: ...
+
+    async def update(self, rollout: Rollout, step: int) -> dict[str, float]: ...
+
+    async def sync_weights(self, step: int) -> dict[str, float]: ...
+
+
+async def rl_step(halves: StepHalves, step: int) -> dict[str, float]:
+    """One RL step (0-based `step`); returns its metrics. Each half reports its own timings."""
+    t_step = time.perf_counter()
+    # 1. Rollout: n samples per prompt, rewards from the environments.
+    rollout = await halves.rollout(step)
+    # 2.+3. Rewards -> advantages -> policy (and critic) update on exactly the sampled token ids.
+    update_metrics = await halves.update(rollout, step)
+    # 4. Weight sync: the new weights reach the engine (version + 1).
+    sync_metrics = await halves.sync_weights(step)
+    # 5. Log: everything this step measured.
+    return {**rollout.metrics, **update_metrics, **sync_metrics, "time/step": time.perf_counter() - t_step}
+
+
+def tokens_per_s(tokens: float, seconds: float) -> float:
+    return tokens / max(seconds, 1e-9)
+
+
+def make_rollout(
+    ctx: RolloutContext, step: int, sampled: list[Trajectory], trajs: list[Trajectory], metrics: dict[str, float]
+) -> Rollout:
+    """The Rollout of episodes sampled in this process in `metrics["time/generate"]` seconds: dumps them when due,
+    collates the training batch `trajs` (all of `sampled`, or the groups dynamic sampling kept)."""
+    dump_step_trajectories(ctx, step, sampled)
+    batch = collate(trajs, None, ctx.chat.tokenizer.pad_token_id or 0)
+    tokens = sum(t.num_generated_tokens for t in sampled)
+    metrics = {**rollout_metrics(sampled), **metrics}
+    metrics["perf/tokens_per_s"] = tokens_per_s(tokens, metrics["time/generate"])
+    return Rollout(sampled, trajs, batch, metrics)
+
+
+async def sample_rollout(ctx: RolloutContext, step: int) -> Rollout:
+    """All episodes of the step sampled now, concurrently, on ctx.engine (+ DAPO dynamic sampling)."""
+    t0 = time.perf_counter()
+    sampled, trajs, metrics = await sample_groups(ctx, step)
+    return make_rollout(ctx, step, sampled, trajs, {**metrics, "time/generate": time.perf_counter() - t0})
+
+
+async def learner_update(learner: Learner, rollout: Rollout, step: int, *, off_policy: bool) -> dict[str, float]:
+    """Advantages, then the policy (and critic) update in this process, in a thread: async rollouts and tool calls
+    go on meanwhile. off_policy: the rollout logprobs are the behaviour policy (asynchronous training)."""
+    metrics, t_train = await train_on_batch(learner, rollout.batch, step, rollout_is_behaviour=off_policy)
+    train_tokens = float(rollout.batch.attention_mask.sum())
+    return {**metrics, "time/train": t_train, "perf/train_tokens_per_s": tokens_per_s(train_tokens, t_train)}

@@ -1,0 +1,1 @@
+"""Calculator: arithmetic through the calculator MCP server."""

@@ -1,0 +1,1 @@
+"""Function writing against hidden tests, run in the python_sandbox MCP server."""

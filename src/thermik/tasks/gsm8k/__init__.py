@@ -1,0 +1,1 @@
+"""GSM8K-style math word problems, single turn."""

@@ -1,0 +1,1 @@
+"""Multi-turn math with feedback, on the gsm8k problems."""

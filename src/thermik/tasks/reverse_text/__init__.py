@@ -1,0 +1,1 @@
+"""Reverse text: single turn, no tools."""

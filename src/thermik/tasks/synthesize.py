@@ -1,0 +1,50 @@
+"""`thermik synthesize`: dataset rows plus the environment solver's conversations for SFT."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from thermik.config.schema import EnvConfig, LLMGeneratorConfig
+from thermik.data.dataset import write_rows
+from thermik.tasks.registry import generate_rows, llm_generate_rows, make_env, solve
+from thermik.tools.mcp_pool import MCPPool
+
+
+def synthesize(
+    env: str, n: int, out: Path, split: str = "train", seed: int = 0, llm: LLMGeneratorConfig | None = None
+) -> tuple[Path, Path]:
+    """Writes out/rows.jsonl (RL rows) and out/sft.jsonl ({"messages", "tools"} per row).
+
+    Rows come from the environment's rule-based generator, or from a model when `llm` is given.
+    """
+    if llm is not None:
+        rows = llm_generate_rows(env, n, llm, seed=seed, split=split)
+    else:
+        rows = generate_rows(env, n, seed, split=split)
+    out.mkdir(parents=True, exist_ok=True)
+    rows_path, sft_path = out / "rows.jsonl", out / "sft.jsonl"
+    write_rows(rows_path, rows)
+    tmp = sft_path.with_suffix(".tmp")
+    pool = MCPPool()  # the envs are built only to read their tool schemas: no server is started
+    with tmp.open("w") as f:
+        for row in rows:
+            f.write(json.dumps({"messages": solve(row), "tools": _tools(env, row, pool)}) + "\n")
+    tmp.replace(sft_path)
+    return rows_path, sft_path
+
+
+def convert(conversations: Path, out: Path, env_class: str) -> tuple[Path, int]:
+    """Writes out/rows.jsonl: one compact row per dependent-spec conversation (thermik.data.convert)."""
+    from thermik.data.convert import convert_conversations
+
+    rows = convert_conversations(conversations, env_class=env_class)
+    out.mkdir(parents=True, exist_ok=True)
+    return write_rows(out / "rows.jsonl", rows), len(rows)
+
+
+def _tools(env: str, row: dict[str, Any], pool: MCPPool) -> list[dict[str, Any]] | None:
+    options = EnvConfig(name=env)
+    extra_info = row.get("extra_info", {})
+    return make_env(env, reward_spec=row["reward_spec"], extra_info=extra_info, options=options, pool=pool).tools

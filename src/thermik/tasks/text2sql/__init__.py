@@ -1,0 +1,1 @@
+"""Text-to-SQL over the shop database, with the sql MCP server."""

@@ -1,1 +1,0 @@
-"""MCP servers shipped with thermik, each runnable as `python -m thermik.tools.servers.<name>`."""

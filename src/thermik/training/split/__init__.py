@@ -1,1 +1,0 @@
-"""The split processes `thermik trainer` and `thermik orchestrator` (docs/process_split.md)."""
