@@ -2,7 +2,7 @@
 
 thermik rl  [@ a.toml @ b.toml] [--section.key value ...] [--dry-run] [--help]
 thermik sft [@ a.toml ...] [--key value ...] [--dry-run] [--help]
-thermik eval [@ a.toml ...] [--key value ...]        (held-out evaluation of model.path)
+thermik eval [@ a.toml ...] [--k K] [--steps all --checkpoints_of RUN] [--policy.base_url URL] (docs/evaluation.md)
 thermik inference [@ a.toml ...] [--server.port 8000 ...]   (OpenAI-compatible server for model.path)
 thermik trainer [@ a.toml ...] [--key value ...]       (split run: the policy updates; docs/process_split.md)
 thermik orchestrator [@ a.toml ...] [--key value ...]  (split run: rollouts on the inference server)
@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from thermik.config import ConfigError, dump_toml, format_help, load_config, wants_help
-from thermik.config.schema import LLMGeneratorConfig, RunConfig, ServeConfig, SFTConfig
+from thermik.config.schema import EvalRunConfig, LLMGeneratorConfig, RunConfig, ServeConfig, SFTConfig
 
 
 def _run_configured(
@@ -67,7 +67,7 @@ def _cmd_sft(cfg: SFTConfig) -> None:
     print(json.dumps(run_sft(cfg)))
 
 
-def _cmd_eval(cfg: RunConfig) -> None:
+def _cmd_eval(cfg: EvalRunConfig) -> None:
     from thermik.runs.eval import run_eval
 
     print(json.dumps(run_eval(cfg)))
@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "sft":
         return _run_configured(SFTConfig, rest, _cmd_sft, "sft")
     if cmd == "eval":
-        return _run_configured(RunConfig, rest, _cmd_eval, "eval")
+        rest = ["--eval.k" if a == "--k" else a for a in rest]  # `thermik eval --k 8`
+        return _run_configured(EvalRunConfig, rest, _cmd_eval, "eval")
     if cmd == "inference":
         return _run_configured(ServeConfig, rest, _cmd_inference, "inference", shared_with=RunConfig)
     if cmd == "trainer":
