@@ -80,6 +80,22 @@ class ProblemScripts:
         return Generation(ids, [-0.5] * len(ids), "stop", 0, [0] * len(ids))
 
 
+def scripted_calculator_eval(chat: ChatTokenizer, scripts: dict, rows: list[dict], k: int):
+    """The evaluation path over calculator envs (real MCP server) with a `ProblemScripts` policy."""
+    limits = LoopLimits(max_turns=3, max_input_length=512, max_generate_length=96, max_sequence_length=1024)
+
+    async def go():
+        pool = MCPPool()
+        try:
+            make = env_factory(EnvConfig(name="calculator"), pool)
+            play = engine_player(ProblemScripts(chat, scripts), make, chat, limits, SamplingConfig())
+            return await evaluate(play, rows, k=k, chat=chat, env_name="calculator")
+        finally:
+            await pool.aclose()
+
+    return asyncio.run(go())
+
+
 def test_evaluate_scores_failures_and_skips_with_real_calculator_episodes() -> None:
     chat = ChatTokenizer(build_tokenizer())
     rows = generate_rows("calculator", 3, seed=5, split="eval")
@@ -96,18 +112,7 @@ def test_evaluate_scores_failures_and_skips_with_real_calculator_episodes() -> N
         ],
     }
     too_long = {**rows[0], "prompt": [{"role": "user", "content": "word " * 2000}]}
-    limits = LoopLimits(max_turns=3, max_input_length=512, max_generate_length=96, max_sequence_length=1024)
-
-    async def go():
-        pool = MCPPool()
-        try:
-            make = env_factory(EnvConfig(name="calculator"), pool)
-            play = engine_player(ProblemScripts(chat, scripts), make, chat, limits, SamplingConfig())
-            return await evaluate(play, [*rows, too_long], k=4, chat=chat, env_name="calculator")
-        finally:
-            await pool.aclose()
-
-    result, records = asyncio.run(go())
+    result, records = scripted_calculator_eval(chat, scripts, [*rows, too_long], k=4)
     b = result.breakdown
     assert (result.n, result.problems, result.skipped) == (12, 3, 1)
     assert b["pass@1"] == pytest.approx((1 + 0.25 + 0) / 3) and b["pass@4"] == pytest.approx(2 / 3)

@@ -320,6 +320,9 @@ class MonitorConfig(Section):
     save_trajectories_every: int = Field(10, ge=0, description="Dump sampled trajectories every k steps; 0 never.")
     tensorboard: bool = Field(False, description="Also write tensorboard events.")
     wandb_project: str = Field("", description="Also log to this wandb project when set.")
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="wandb mode: offline writes run_dir/wandb/ only (upload later with `wandb sync`)."
+    )
 
 
 class DistributedConfig(Section):
