@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -60,5 +61,7 @@ def test_wandb_offline_run_dir_holds_the_metrics(tmp_path: Path, monkeypatch: py
             logger.log(step, metrics)
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, list((tmp_path / "wandb").iterdir())
-    history = wandb_history(next(runs[0].glob("run-*.wandb")))
+    path, deadline = next(runs[0].glob("run-*.wandb")), time.monotonic() + 30
+    while len(history := wandb_history(path)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)  # wandb's service process may still be writing the file after finish() returns
     assert [(h["_step"], h["reward/mean"], h["policy/kl"]) for h in history] == [(1, 0.25, 0.01), (2, 0.5, 0.02)]
