@@ -56,7 +56,7 @@ def print_result(label: str, result: EvalResult) -> None:
 
 def _steps(cfg: EvalRunConfig) -> list[tuple[int, Path]]:
     """(step, checkpoint directory) of the checkpoints `cfg.steps` names, in step order."""
-    complete = CheckpointManager(Path(cfg.checkpoints_of) / "checkpoints", keep=0).list_complete()
+    complete = CheckpointManager(Path(cfg.checkpoints_of) / "checkpoints", keep=1).list_complete()  # reads only
     by_step = {int(d.name.removeprefix("step_")): d for d in complete}
     wanted = sorted(by_step) if cfg.steps == "all" else [int(s) for s in cfg.steps.split(",")]
     missing = [s for s in wanted if s not in by_step]
