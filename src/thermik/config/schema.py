@@ -121,7 +121,9 @@ class LLMGeneratorConfig(Section):
 
 
 class RolloutConfig(Section):
-    max_input_length: int = Field(512, ge=1, description="Longest prompt (tokens) accepted; longer rows are skipped.")
+    max_input_length: int = Field(
+        512, ge=1, description="Longest prompt (tokens) accepted; evaluation skips and counts longer rows."
+    )
     max_generate_length: int = Field(64, ge=1, description="Most tokens sampled in one assistant turn.")
     max_sequence_length: int = Field(1024, ge=1, description="Longest prompt+response; longer is overlong (masked).")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters for training.")

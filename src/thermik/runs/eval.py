@@ -50,7 +50,8 @@ def print_result(label: str, result: EvalResult) -> None:
             rows.append([name, b[key], b.get(f"{name}/pass@{k}", b[key]), b[f"{name}/avg@{k}"]])
     title = f"{label}: {result.problems} problems x k={k}, {result.skipped} skipped"
     print_table(title, ["env / data source", "pass@1", f"pass@{k}", f"avg@{k}"], rows)
-    failures = [[key.removeprefix("failures/"), int(v)] for key, v in sorted(b.items()) if key.startswith("failures/")]
+    failures = [[key.removeprefix("failures/"), int(v)] for key, v in b.items() if key.startswith("failures/")]
+    failures.append(["(solved)", result.n - sum(count for _, count in failures)])
     print_table(f"{label}: failure categories ({result.n} episodes)", ["category", "episodes"], failures)
 
 
