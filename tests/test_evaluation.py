@@ -134,6 +134,7 @@ def _mixed_rows(path: Path) -> list[dict]:
     return calc + rev
 
 
+@pytest.mark.slow
 def test_thermik_eval_k8_mixed_envs_writes_8n_records(tiny_model_dir: Path, tmp_path: Path) -> None:
     rows = _mixed_rows(tmp_path / "rows.jsonl")
     out = run_thermik(
@@ -152,6 +153,7 @@ def test_thermik_eval_k8_mixed_envs_writes_8n_records(tiny_model_dir: Path, tmp_
     assert agg[0]["k"] == 8 and agg[0]["skipped"] == 1 and agg[0]["n"] == 8 * len(rows)
 
 
+@pytest.mark.slow
 def test_thermik_eval_with_only_eval_path_and_the_mcp_env(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Issue 18, defect 5: no training set is built, so no generator for `mcp` is needed."""
     rows = [{**r, "env_class": "mcp", "extra_info": {}} for r in generate_rows("calculator", 2, seed=2, split="eval")]
@@ -179,6 +181,7 @@ def _responses(run: Path) -> list[tuple[int, str, float]]:
     return [(x["problem"], x["output_response"], x["score"]) for x in lines]
 
 
+@pytest.mark.slow
 def test_api_policy_against_thermik_inference_matches_in_process(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The same checkpoint, greedy: in this process's engine, and through `thermik inference`'s chat API with the
     calculator's tools; the same episodes (text and reward) come back."""
@@ -209,6 +212,7 @@ def _texts(run: Path, name: str) -> list[str]:
     return [json.loads(x)["output_response"] for x in (run / "trajectories" / f"{name}.jsonl").open()]
 
 
+@pytest.mark.slow
 def test_eval_steps_over_a_finished_runs_checkpoints(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Checkpoints 2 and 4 of a real run, plus a step 6 saved by the checkpoint writer from another model: the table,
     the plot, and step 6 answering exactly as that model does (so each checkpoint's weights are the ones sampled)."""

@@ -140,6 +140,7 @@ def _wait(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.slow
 def test_page_in_chromium_while_a_run_trains(browser, tiny_model_dir: Path, tmp_path: Path) -> None:
     write_rows(tmp_path / "train.jsonl", generate_rows("reverse_text", 64, 0, split="train"))
     write_rows(tmp_path / "eval.jsonl", generate_rows("reverse_text", 4, 0, split="eval"))

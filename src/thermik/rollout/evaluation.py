@@ -118,13 +118,17 @@ async def evaluate(
     chat: ChatTokenizer | None = None,
     tool_parser: str = "hermes",
     env_name: str = "",
+    concurrency: int = 256,
 ) -> tuple[EvalResult, list[dict[str, Any]]]:
-    """k episodes of every row, concurrently; returns the scores and one record per episode (problem-major).
-    `env_name`: the env every row is built with (empty: each row's env_class); `chat` decodes per-token text."""
+    """k episodes of every row, at most `concurrency` at once (each holds an env, perhaps MCP sessions); returns the
+    scores and one record per episode (problem-major). `env_name`: the env every row is built with (empty: each
+    row's env_class); `chat` decodes per-token text."""
+    slots = asyncio.Semaphore(concurrency)
 
     async def one(p: int, s: int) -> dict[str, Any] | None:
         try:
-            traj = await play(rows[p], p, seed + 1000 * p + s)
+            async with slots:
+                traj = await play(rows[p], p, seed + 1000 * p + s)
         except PromptTooLongError:
             return None  # the same prompt is too long for every sample: the row is skipped, counted once
         traj.env_name = env_name or traj.env_name
