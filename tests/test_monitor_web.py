@@ -70,9 +70,12 @@ def finished_run(tmp_path: Path) -> Path:
 
 
 def test_api_and_summary_read_the_run_directory(finished_run: Path, tmp_path: Path) -> None:
-    proc, url = start_monitor(finished_run, log=tmp_path / "monitor.log")
+    other = tmp_path / "runs" / "other"
+    other.mkdir()
+    proc, url = start_monitor(finished_run, other, log=tmp_path / "monitor.log")
     try:
-        assert get(f"{url}/api/runs") == [{"id": 0, "name": "done", "path": str(finished_run)}]
+        assert [r["name"] for r in get(f"{url}/api/runs")] == ["done", "other"]  # side by side
+        assert get(f"{url}/api/run/1/metrics") == [] and get(f"{url}/api/run/1/trajectories") == []
         assert [r["step"] for r in get(f"{url}/api/run/0/metrics")] == [1, 2, 3, 4, 5]
         assert get(f"{url}/api/run/0/trajectories") == [{"file": "eval_scripted", "kind": "eval"}]
         records = get(f"{url}/api/run/0/trajectories/eval_scripted")
@@ -180,6 +183,9 @@ def test_page_in_chromium_while_a_run_trains(browser, tiny_model_dir: Path, tmp_
         assert results and results[0].text.strip() != "tool"
         hover = browser.find_elements(By.CSS_SELECTOR, ".msg.assistant .tok")
         assert hover and hover[0].get_attribute("title").startswith("logprob -0.5")
+
+        evals = browser.find_element(By.ID, "evals").text
+        assert "live · eval_scripted (k=3)" in evals and "env/calculator" in evals and "wrong_answer" in evals
 
         browser.find_element(By.ID, "f-min").send_keys("0.5")
         solved = sum(r["score"] >= 0.5 for r in records)

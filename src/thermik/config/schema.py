@@ -462,9 +462,9 @@ class PolicyConfig(Section):
 
 
 class EvalRunConfig(RunConfig):
-    """`thermik eval`: held-out evaluation of model.path, a run's checkpoints (`steps`) or a chat endpoint (`policy`).
+    """`thermik eval`: model.path, a run's checkpoints (`steps`) or a chat endpoint (`policy`); `--k N` = `--eval.k N`.
 
-    Results go to the run directory <output_dir>/<name> (docs/evaluation.md); `--k N` is `--eval.k N`."""
+    Results go to the run directory <output_dir>/<name> (docs/evaluation.md)."""
 
     steps: str = Field(
         "",
