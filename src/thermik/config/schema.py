@@ -6,6 +6,7 @@ description so `thermik <cmd> --help` can list it with its default.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -476,6 +477,8 @@ class EvalRunConfig(RunConfig):
 
     @model_validator(mode="after")
     def _steps_need_a_run(self) -> EvalRunConfig:
+        if self.steps and self.steps != "all" and not re.fullmatch(r"\d+(,\d+)*", self.steps):
+            raise ValueError(f"steps: 'all' or step numbers like '10,20', got {self.steps!r}")
         if self.steps and not self.checkpoints_of:
             raise ValueError("steps: set checkpoints_of to the run directory whose checkpoints to evaluate")
         if self.steps and self.policy.base_url:
