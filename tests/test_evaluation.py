@@ -254,3 +254,56 @@ def test_eval_steps_over_a_finished_runs_checkpoints(tiny_model_dir: Path, tmp_p
     assert direct.returncode == 0, direct.stderr[-3000:]
     assert _texts(run, "eval_step_6") == _texts(tmp_path / "runs" / "other", "eval")
     assert _texts(run, "eval_step_6") != _texts(run, "eval_step_4")
+
+
+class SolvingEngine:
+    """Behind thermik's chat server: answers a calculator question with the solver's tool call, and once the prompt
+    holds the tool's result, with the solver's answer."""
+
+    def __init__(self, tokenizer, rows: list[dict]) -> None:
+        self.tokenizer, self.weight_version = tokenizer, 0
+        self.turns = {
+            r["prompt"][-1]["content"]: [m["content"] for m in solve(r) if m["role"] == "assistant"] for r in rows
+        }
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None):
+        prompt = self.tokenizer.decode(prompt_ids)
+        question = next(q for q in self.turns if q in prompt)
+        text = self.turns[question][1 if "<tool_response>" in prompt else 0]
+        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
+        return Generation(ids, [-0.5] * len(ids), "stop", 0, [0] * len(ids))
+
+    async def close(self) -> None:
+        return None
+
+
+def test_api_policy_plays_tool_calls_through_the_chat_api(tiny_model_dir: Path) -> None:
+    """The chat API's tool_calls go back to the env in its format, tool results come back as tool messages with the
+    call's id: solved calculator episodes through thermik's server and the openai SDK."""
+    from serving import running
+
+    from thermik.config.schema import PolicyConfig
+    from thermik.inference.server.app import build_app
+    from thermik.models.loading import load_tokenizer
+    from thermik.rollout.api_policy import ApiPolicy
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    rows = generate_rows("calculator", 2, seed=7, split="eval")
+    limits = LoopLimits(max_turns=3, max_input_length=512, max_generate_length=96, max_sequence_length=1024)
+
+    async def go(url: str):
+        pool = MCPPool()
+        policy = PolicyConfig(base_url=url + "/v1")
+        player = ApiPolicy(policy, env_factory(EnvConfig(name="calculator"), pool), limits, SamplingConfig(), "hermes")
+        try:
+            return await evaluate(player, rows, k=2, env_name="calculator")
+        finally:
+            await player.close()
+            await pool.aclose()
+
+    with running(build_app(SolvingEngine(tokenizer, rows), tokenizer, "scripted")) as url:
+        result, records = asyncio.run(go(url))
+    assert (result.success, result.n) == (1.0, 4)
+    for r in records:
+        assert r["tool_calls"] == 1.0 and r["tool_failures"] == 0.0 and r["num_turns"] == 2 and r["failure"] is None
+        assert '"name": "calculate"' in r["messages"][-3]["content"] and r["messages"][-2]["role"] == "tool"
