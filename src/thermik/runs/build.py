@@ -70,7 +70,9 @@ def open_run(
     else:
         policy, chat = None, ChatTokenizer(load_tokenizer(cfg.model.path, cfg.model.chat_template), tool_format)
     logger = (
-        MetricsLogger(out_dir, cfg.monitor.tensorboard, cfg.monitor.wandb_project) if rl else MetricsLogger(out_dir)
+        MetricsLogger(out_dir, cfg.monitor.tensorboard, cfg.monitor.wandb_project, cfg.monitor.wandb_mode)
+        if rl
+        else MetricsLogger(out_dir)
     )
     pool = MCPPool(log_dir=cfg.run_dir / "logs")  # each MCP server's stderr: logs/mcp-<name>.log
     return Run(cfg=cfg, out_dir=out_dir, chat=chat, logger=logger, pool=pool, policy=policy)

@@ -11,10 +11,9 @@ import json
 import random
 from typing import Any
 
-from thermik.config.schema import InferenceConfig, SFTConfig
+from thermik.config.schema import InferenceConfig, SamplingConfig, SFTConfig
 from thermik.rollout.agent_loop import LoopLimits
-from thermik.rollout.evaluation import EvalResult, evaluate
-from thermik.rollout.trajectory import dump_trajectories
+from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, write_records
 from thermik.runs.build import Run, open_run
 from thermik.runs.loop import LoopPlan, run_loop
 from thermik.tasks.registry import generate_rows
@@ -50,10 +49,13 @@ class SFTMode:
 
     async def evaluate(self, label: str) -> EvalResult:
         await self.engine.update_weights(self.model.state_dict())
-        result, trajs = await evaluate(
-            self.engine, self.make_env, self.chat, self.held_out, self.limits, self.cfg.eval_temperature, self.cfg.seed
+        sampling = SamplingConfig(temperature=self.cfg.eval_temperature)
+        play = engine_player(self.engine, self.make_env, self.chat, self.limits, sampling)
+        env = self.cfg.env
+        result, records = await evaluate(
+            play, self.held_out, seed=self.cfg.seed, chat=self.chat, tool_parser=env.tool_parser, env_name=env.name
         )
-        dump_trajectories(self.cfg.run_dir / "trajectories" / f"eval_{label}.jsonl", trajs)
+        write_records(self.cfg.run_dir / "trajectories" / f"eval_{label}.jsonl", records)
         self.result.update(success=result.success, reward=result.reward)
         return result
 
