@@ -31,6 +31,10 @@ class TinkerServiceConfig(Section):
     max_sampler_engines: int = Field(
         3, ge=1, description="Sampler weight sets kept loaded, least recently used evicted."
     )
+    num_threads: int = Field(
+        0, ge=0, description="torch threads of the training worker thread; 0 keeps torch's default. On a loaded CPU "
+        "fewer threads than cores avoids OpenMP workers spinning against other processes.",
+    )  # fmt: skip
     max_lora_rank: int = Field(256, ge=1, description="Largest LoRA rank create_model accepts.")
 
 

@@ -37,7 +37,7 @@ def build(cfg: TinkerConfig) -> Built:
     state = Path(cfg.service.state_dir)
     trainer = Trainer(directory, cfg.model.dtype, cfg.model.device)
     samplers = Samplers(trainer.plain, load_tokenizer(directory), cfg.service.max_sampler_engines, cfg.model.seed)
-    service = Service(Store(state / "tinker.sqlite"), trainer, samplers, state / "checkpoints")
+    service = Service(Store(state / "tinker.sqlite"), trainer, samplers, cfg.service.num_threads)
     served = Served(
         name=cfg.server.base_model_name or str(directory),
         directory=directory,

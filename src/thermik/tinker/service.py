@@ -16,8 +16,9 @@ import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+import torch
 
 from thermik.tinker import wire
 from thermik.tinker.sampler import Samplers
@@ -50,8 +51,8 @@ def ok(value: dict[str, Any]) -> tuple[str, bytes]:
 
 
 class Service:
-    def __init__(self, store: Store, trainer: Trainer, samplers: Samplers, checkpoint_root: Path) -> None:
-        self.store, self.trainer, self.samplers, self.root = store, trainer, samplers, checkpoint_root
+    def __init__(self, store: Store, trainer: Trainer, samplers: Samplers, num_threads: int = 0) -> None:
+        self.store, self.trainer, self.samplers, self.num_threads = store, trainer, samplers, num_threads
         self._queue: list[Job] = []
         self._cond = threading.Condition()
         self._closed = False
@@ -136,6 +137,8 @@ class Service:
             return batch
 
     def _work(self) -> None:
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)  # OpenMP's thread count is per calling thread
         while (jobs := self._take()) is not None:
             try:
                 results = self._run_jobs(jobs)
