@@ -37,10 +37,6 @@ class OverheadResult:
     batch: int
     tokens: int
 
-    @property
-    def ratio(self) -> float:
-        return self.sdk_s / self.local_s
-
 
 def batch_tokens(model_dir: Path, batch: int, length: int) -> list[list[int]]:
     from transformers import AutoTokenizer
@@ -130,7 +126,7 @@ def format_result(r: OverheadResult) -> str:
         f"forward_backward + optim_step, batch {r.batch} x {r.tokens // r.batch} tokens, {r.steps} steps per round",
         f"  in-process Trainer:        {r.local_s * 1000:8.1f} ms/step",
         f"  tinker SDK over loopback:  {r.sdk_s * 1000:8.1f} ms/step",
-        f"  ratio SDK/in-process: {r.ratio:.2f}x (overhead {1000 * (r.sdk_s - r.local_s):.1f} ms/step)",
+        f"  ratio SDK/in-process: {r.sdk_s / r.local_s:.2f}x (overhead {1000 * (r.sdk_s - r.local_s):.1f} ms/step)",
     ])  # fmt: skip
 
 
