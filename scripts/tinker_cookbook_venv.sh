@@ -18,5 +18,5 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # The cookbook imports torch; its CPU build is enough for a client (the index's default is a multi-GB CUDA build).
 TORCH="${TORCH_SPEC:-torch==2.13.0+cpu}"
-"$VENV/bin/python" -m pip install "$TORCH" "tinker-cookbook==$COOKBOOK_VERSION" "tinker==0.38.*"
+"$VENV/bin/python" -m pip install "$TORCH" "tinker-cookbook[math-rl]==$COOKBOOK_VERSION" "tinker==0.38.*"
 "$VENV/bin/python" -c "import tinker, tinker_cookbook; print('tinker', tinker.__version__, 'cookbook in', '$VENV')"
