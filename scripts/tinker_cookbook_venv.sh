@@ -5,18 +5,14 @@
 # The cookbook cannot share thermik's environment: 0.5.8 (the newest that installs; 0.6.x needs tml-renderers
 # >= 0.4.1, which the registry does not serve) pins transformers <= 5.5.4 and thermik needs >= 5.20.
 #
-# Usage: bash scripts/tinker_cookbook_venv.sh   (venv at $THERMIK_TINKER_COOKBOOK_VENV or ~/.cache/thermik/tinker-cookbook-venv)
+# Usage: bash scripts/tinker_cookbook_venv.sh
+#   venv at $THERMIK_TINKER_COOKBOOK_VENV (default ~/.cache/thermik/tinker-cookbook-venv)
 set -euo pipefail
 
-VENV="${THERMIK_TINKER_COOKBOOK_VENV:-$HOME/.cache/thermik/tinker-cookbook-venv}"
-COOKBOOK_VERSION="${TINKER_COOKBOOK_VERSION:-0.5.8}"
-PYTHON="${PYTHON:-python3}"
-
-if [ ! -x "$VENV/bin/python" ]; then
-  mkdir -p "$(dirname "$VENV")"
-  "$PYTHON" -m venv "$VENV"
-fi
+venv="${THERMIK_TINKER_COOKBOOK_VENV:-$HOME/.cache/thermik/tinker-cookbook-venv}"
 # The cookbook imports torch; its CPU build is enough for a client (the index's default is a multi-GB CUDA build).
-TORCH="${TORCH_SPEC:-torch==2.13.0+cpu}"
-"$VENV/bin/python" -m pip install "$TORCH" "tinker-cookbook[math-rl]==$COOKBOOK_VERSION" "tinker==0.38.*"
-"$VENV/bin/python" -c "import tinker, tinker_cookbook; print('tinker', tinker.__version__, 'cookbook in', '$VENV')"
+packages=("${TORCH_SPEC:-torch==2.13.0+cpu}" "tinker-cookbook[math-rl]==${TINKER_COOKBOOK_VERSION:-0.5.8}" "tinker==0.38.*")
+
+[ -x "$venv/bin/python" ] || { mkdir -p "$(dirname "$venv")" && "${PYTHON:-python3}" -m venv "$venv"; }
+"$venv/bin/python" -m pip install "${packages[@]}"
+"$venv/bin/python" -c "import tinker, tinker_cookbook; print('tinker', tinker.__version__, 'cookbook in', '$venv')"
