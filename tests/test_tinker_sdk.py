@@ -186,3 +186,29 @@ def test_restart_between_submit_and_retrieve_serves_the_result(tiny_model_dir: P
         assert [c["tinker_path"] for c in listing["checkpoints"]] == [f"tinker://{model_id}/weights/kept"]
     finally:
         second.stop()
+
+
+def test_checkpoints_list_delete_and_resume_from_state(server, tiny_model_dir: Path) -> None:
+    service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    client = service.create_lora_training_client(base_model=str(tiny_model_dir), rank=4, seed=5).result()
+    datum = fixed_datum(client.get_tokenizer(), "resume me resume me")
+    _train(client, datum, steps=3)
+    state_path = client.save_state("mid").result().path
+    client.save_weights_for_sampler("mid-sampler").result()
+    after_save = client.forward([datum], "cross_entropy").result().metrics["loss:sum"]
+
+    resumed = service.create_training_client_from_state_with_optimizer(state_path).result()
+    assert resumed.model_id != client.model_id
+    assert resumed.forward([datum], "cross_entropy").result().metrics["loss:sum"] == pytest.approx(after_save, rel=1e-5)
+    # the resumed optimizer state continues exactly where the original left off
+    np.testing.assert_allclose(_train(resumed, datum, steps=2), _train(client, datum, steps=2), rtol=1e-5)
+
+    rest = tinker.RestClient(base_url=server.url, api_key=API_KEY)
+    listed = rest.list_checkpoints(client.model_id).result().checkpoints
+    assert sorted(c.checkpoint_id for c in listed) == ["sampler_weights/mid-sampler", "weights/mid"]
+    rest.delete_checkpoint_from_tinker_path(state_path).result()
+    assert [c.checkpoint_id for c in rest.list_checkpoints(client.model_id).result().checkpoints] == [
+        "sampler_weights/mid-sampler"
+    ]
+    with pytest.raises(Exception, match="no checkpoint"):
+        service.create_training_client_from_state(state_path).result()

@@ -7,6 +7,7 @@ server-side reason.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,11 @@ class Served:
         return base_model in (self.name, str(self.directory), self.directory.name) or (
             base_model.startswith("/") and Path(base_model).resolve() == self.directory
         )
+
+
+def derived_model_id(session_id: str, model_seq_id: int) -> str:
+    """The id the SDK itself derives for a session's n-th training client (create_training_client_from_state)."""
+    return f"{session_id}:train:{model_seq_id}"
 
 
 def train_key(model_id: str, seq_id: int | None) -> str | None:
@@ -74,19 +80,17 @@ class TinkerAPI:
             raise UserError(f"LoRA rank must be between 1 and {self.served.max_rank}, got {rank}")
         if req.optimizer_config.type != "adamw":
             raise UserError(f"optimizer {req.optimizer_config.type!r} is not supported; only adamw")
-        key = f"create_model:{req.session_id}:{req.model_seq_id}"
-        model_id = self.store.model_by_key(key) or f"run-{uuid.uuid4().hex[:12]}"
+        model_id = derived_model_id(req.session_id, req.model_seq_id)
         lora = req.lora_config.model_dump()
-        lora["seed"] = (
-            lora["seed"] if lora["seed"] is not None else int(uuid.UUID(model_id[4:].ljust(32, "0")).int % 2**31)
-        )
+        if lora["seed"] is None:
+            lora["seed"] = int.from_bytes(hashlib.sha256(model_id.encode()).digest()[:4], "little") % 2**31
 
         def run() -> tuple[str, bytes]:
             self.trainer.create(model_id, lora)
-            self.store.add_model(model_id, key, self.served.name, lora)
+            self.store.add_model(model_id, f"create_model:{model_id}", self.served.name, lora)
             return ok({"type": "create_model", "model_id": model_id})
 
-        request_id, _ = self.service.submit(Job("", model_id, "create_model", run=run), key)
+        request_id, _ = self.service.submit(Job("", model_id, "create_model", run=run), f"create_model:{model_id}")
         return {"request_id": request_id, "model_id": model_id}
 
     def model(self, model_id: str) -> None:

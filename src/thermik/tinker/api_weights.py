@@ -7,6 +7,7 @@ Checkpoints live under `<state_dir>/checkpoints/<model id>/<kind>/<name>/` and a
 from __future__ import annotations
 
 import datetime
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from tinker import types
 
 from thermik.atomic import remove_dir
-from thermik.tinker.api import TinkerAPI, train_key
+from thermik.tinker.api import TinkerAPI, derived_model_id, train_key
 from thermik.tinker.sampler import SampleJob
 from thermik.tinker.service import Job, UserError, ok
 from thermik.tinker.wire import PROTO, WireError, parse_tinker_path, sample_response, tinker_path
@@ -82,7 +83,7 @@ class WeightsAPI:
     def load_weights(self, req: types.LoadWeightsRequest) -> dict[str, Any]:
         directory = self.resolve(req.path, "weights")
         if req.model_id is None:
-            raise UserError("load_weights without model_id (create_training_client_from_state) is not supported yet")
+            return self._create_from_state(req, directory)
         self.api.model(req.model_id)
 
         def run() -> tuple[str, bytes]:
@@ -90,6 +91,23 @@ class WeightsAPI:
             return ok({"type": "load_weights", "path": req.path, "model_id": req.model_id})
 
         return self._submit(req.model_id, "load", req.seq_id, run)
+
+    def _create_from_state(self, req: types.LoadWeightsRequest, directory: Path) -> dict[str, Any]:
+        """A new model with the checkpoint's LoRA config and weights (`create_training_client_from_state`)."""
+        if req.session_id is None or req.model_seq_id is None:
+            raise UserError("load_weights needs model_id, or session_id and model_seq_id to create a model")
+        self.api.check_base(req.base_model)
+        model_id = derived_model_id(req.session_id, req.model_seq_id)
+        lora = json.loads((directory / "lora.json").read_text())
+
+        def run() -> tuple[str, bytes]:
+            self.trainer.create(model_id, lora)
+            self.trainer.load_state(model_id, directory, req.optimizer)
+            self.store.add_model(model_id, f"create_model:{model_id}", self.api.served.name, lora)
+            return ok({"type": "load_weights", "path": req.path, "model_id": model_id})
+
+        request_id, _ = self.api.service.submit(Job("", model_id, "load", run=run), f"create_model:{model_id}")
+        return {"request_id": request_id, "model_id": model_id}
 
     def list_checkpoints(self, model_id: str) -> dict[str, Any]:
         if self.store.model(model_id) is None:
