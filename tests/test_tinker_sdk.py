@@ -62,6 +62,16 @@ def test_sdk_trains_lora_saves_and_samples(server, tiny_model_dir: Path) -> None
         assert 1 <= len(seq.tokens) <= 6 and len(seq.logprobs) == len(seq.tokens)
         assert all(lp <= 0 for lp in seq.logprobs)
     assert result.prompt_logprobs[0] is None and len(result.prompt_logprobs) == 4
+    # the sampler's weights are the trained adapter's: its logprobs equal the training forward's
+    seq = result.sequences[0]
+    full = prompt.to_ints() + list(seq.tokens)
+    check = types.Datum(
+        model_input=types.ModelInput.from_ints(full[:-1]),
+        loss_fn_inputs={"target_tokens": np.array(full[1:]), "weights": np.ones(len(full) - 1, np.float32)},
+    )
+    train_lp = client.forward([check], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    np.testing.assert_allclose(train_lp[-len(seq.tokens) :], seq.logprobs, atol=2e-3)
+    np.testing.assert_allclose(train_lp[: len(prompt.to_ints()) - 1], result.prompt_logprobs[1:], atol=2e-3)
 
 
 def test_bad_requests_are_refused_with_a_message(server, tiny_model_dir: Path) -> None:

@@ -1,5 +1,5 @@
-"""Sampling for Tinker sampling sessions: one embedded engine per set of sampler weights (LRU), on the base model
-with the merged adapter weights of a `save_weights_for_sampler` checkpoint copied in."""
+"""Sampling for Tinker sampling sessions: one embedded engine per set of sampler weights (LRU): a copy of the base
+model with the adapter of a `save_weights_for_sampler` checkpoint merged in."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 
 from thermik.inference.base import SamplingParams
 from thermik.inference.embedded import embedded_engine
-from thermik.inference.weights import check_state, copy_state, load_state
+from thermik.tinker.trainer import merged_copy
 from thermik.tinker.wire import Sequence
 
 DEFAULT_MAX_TOKENS = 256
@@ -55,10 +55,7 @@ class Samplers:
         self.max_len = int(plain.config.max_position_embeddings)
 
     def _build(self, weights_dir: str | None) -> Any:
-        model = copy.deepcopy(self._plain)
-        if weights_dir is not None:
-            state = load_state(Path(weights_dir))
-            copy_state(check_state(model, state), state)
+        model = copy.deepcopy(self._plain) if weights_dir is None else merged_copy(self._plain, Path(weights_dir))
         tok = self._tokenizer
         stop_ids = sorted({tok.eos_token_id, tok.pad_token_id} - {None})
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id

@@ -18,15 +18,15 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from safetensors.torch import load_file, save_file
 
 from thermik.atomic import publish_dir
-from thermik.inference.weights import write_safetensors
 from thermik.models.loading import load_model
 from thermik.tinker.losses import compute_loss
 from thermik.tinker.wire import Datum
-from thermik.training.lora import merged_lora_weights
 
 LORA_ALPHA = 32.0  # Tinker scales every rank's update by a fixed alpha
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+ADAPTER_FILE = "adapter.safetensors"
+LORA_FILE = "lora.json"
 
 
 @dataclass
@@ -68,9 +68,7 @@ class Trainer:
 
     def create(self, model_id: str, lora: dict[str, Any]) -> None:
         """A fresh adapter (B = 0: it starts as the base model), initialised from `lora['seed']`."""
-        cfg = LoraConfig(
-            r=int(lora["rank"]), lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=lora_targets(lora), bias="none"
-        )
+        cfg = peft_config(lora)
         torch.manual_seed(int(lora["seed"]))
         if self.peft is None:
             self.peft = get_peft_model(self._base, cfg, adapter_name=model_id)
@@ -146,36 +144,47 @@ class Trainer:
         adapter.steps += 1
         return {"grad_norm:mean": norm, "step:max": float(adapter.steps)}
 
-    def save_state(self, model_id: str, directory: Path) -> int:
-        """Adapter weights, LoRA config and optimizer state in `directory` (written atomically); bytes written."""
+    def save_state(self, model_id: str, directory: Path, optimizer: bool = True) -> int:
+        """Adapter weights and LoRA config (and the optimizer state) in `directory`, written atomically; bytes."""
         assert self.peft is not None
         adapter = self.adapters[model_id]
         state = get_peft_model_state_dict(self.peft, adapter_name=model_id)
 
         def write(tmp: Path) -> None:
-            save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp / "adapter.safetensors"))
-            (tmp / "lora.json").write_text(json.dumps(adapter.lora))
-            torch.save(adapter.optimizer.state_dict(), tmp / "optimizer.pt")
+            save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp / ADAPTER_FILE))
+            (tmp / LORA_FILE).write_text(json.dumps(adapter.lora))
+            if optimizer:
+                torch.save(adapter.optimizer.state_dict(), tmp / "optimizer.pt")
 
         publish_dir(directory, write)
         return sum(f.stat().st_size for f in directory.iterdir())
 
     def load_state(self, model_id: str, directory: Path, optimizer: bool) -> None:
         assert self.peft is not None
-        saved = json.loads((directory / "lora.json").read_text())
+        saved = json.loads((directory / LORA_FILE).read_text())
         have = self.adapters[model_id].lora
         if int(saved["rank"]) != int(have["rank"]) or lora_targets(saved) != lora_targets(have):
             raise ValueError(
                 f"checkpoint LoRA (rank {saved['rank']}) does not match this model's (rank {have['rank']})"
             )
-        state = load_file(str(directory / "adapter.safetensors"))
+        state = load_file(str(directory / ADAPTER_FILE))
         set_peft_model_state_dict(self.peft, state, adapter_name=model_id)
         if optimizer:
             self.adapters[model_id].optimizer.load_state_dict(torch.load(directory / "optimizer.pt"))
 
     def save_sampler(self, model_id: str, directory: Path) -> int:
-        """The merged weights W + B A * scale of the adapted layers (base-model names) in `directory`."""
-        assert self.peft is not None
-        state = merged_lora_weights(self.peft, model_id)
-        publish_dir(directory, lambda tmp: write_safetensors(state, tmp / "model.safetensors"))
-        return sum(f.stat().st_size for f in directory.iterdir())
+        """The adapter alone (no optimizer state): a sampler merges it into a copy of the base (`merged_copy`)."""
+        return self.save_state(model_id, directory, optimizer=False)
+
+
+def peft_config(lora: dict[str, Any]) -> LoraConfig:
+    targets = lora_targets(lora)
+    return LoraConfig(r=int(lora["rank"]), lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=targets, bias="none")
+
+
+def merged_copy(plain: torch.nn.Module, directory: Path) -> torch.nn.Module:
+    """A copy of the base model with the adapter saved in `directory` merged in (W + B A * alpha / r)."""
+    lora = json.loads((directory / LORA_FILE).read_text())
+    model = get_peft_model(copy.deepcopy(plain), peft_config(lora))
+    set_peft_model_state_dict(model, load_file(str(directory / ADAPTER_FILE)))
+    return model.merge_and_unload()

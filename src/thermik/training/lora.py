@@ -50,23 +50,23 @@ def is_lora(model: torch.nn.Module) -> bool:
 
 
 @torch.no_grad()
-def merged_lora_weights(model: PeftModel, adapter: str = ADAPTER_NAME) -> dict[str, torch.Tensor]:
-    """{base parameter name: W + B @ A * scaling} for every Linear layer adapted by `adapter`, and the trained
-    copies of `lora.modules_to_save`: the only weights that differ from the frozen base, named as in the base
-    model's state dict (what the engine's model holds)."""
+def merged_lora_weights(model: PeftModel) -> dict[str, torch.Tensor]:
+    """{base parameter name: W + B @ A * scaling} for every adapted Linear layer, and the trained copies of
+    `lora.modules_to_save`: the only weights that differ from the frozen base, named as in the base model's
+    state dict (what the engine's model holds)."""
     out: dict[str, torch.Tensor] = {}
     for name, module in model.get_base_model().named_modules():
         if isinstance(module, ModulesToSaveWrapper):  # trained in full (lora.modules_to_save): sent as they are
-            trained = module.modules_to_save[adapter]
+            trained = module.modules_to_save[ADAPTER_NAME]
             out.update((f"{name}.{key}", value.detach().clone()) for key, value in trained.state_dict().items())
             continue
-        if not isinstance(module, LoraLinear) or adapter not in module.lora_A:
+        if not isinstance(module, LoraLinear) or ADAPTER_NAME not in module.lora_A:
             continue
         if module.fan_in_fan_out:  # transposed storage (GPT-2 Conv1D): not used by the architectures we load
             raise ValueError(f"merged_lora_weights: {name} stores its weight transposed; not supported")
-        a, b = module.lora_A[adapter].weight, module.lora_B[adapter].weight
+        a, b = module.lora_A[ADAPTER_NAME].weight, module.lora_B[ADAPTER_NAME].weight
         base = module.get_base_layer().weight
-        out[f"{name}.weight"] = (base + (b @ a) * module.scaling[adapter]).to(base.dtype)
+        out[f"{name}.weight"] = (base + (b @ a) * module.scaling[ADAPTER_NAME]).to(base.dtype)
     return out
 
 
