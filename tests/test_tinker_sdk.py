@@ -194,6 +194,8 @@ def test_restart_between_submit_and_retrieve_serves_the_result(tiny_model_dir: P
         assert output.metrics["loss:sum"] > 0 and len(output.loss_fn_outputs) == 1
         listing = httpx.get(f"{second.url}/api/v1/training_runs/{model_id}/checkpoints", timeout=10).json()
         assert [c["tinker_path"] for c in listing["checkpoints"]] == [f"tinker://{model_id}/weights/kept"]
+        lost = httpx.post(f"{second.url}/api/v1/get_info", json={"model_id": model_id}, timeout=10)
+        assert lost.status_code == 410 and "load_weights from its last checkpoint" in lost.json()["detail"]
     finally:
         second.stop()
 
@@ -222,3 +224,13 @@ def test_checkpoints_list_delete_and_resume_from_state(server, tiny_model_dir: P
     ]
     with pytest.raises(Exception, match="no checkpoint"):
         service.create_training_client_from_state(state_path).result()
+
+
+def test_unload_frees_the_adapter_and_later_calls_are_refused(server) -> None:
+    keep, gone = _new_model(server.url, seed=1), _new_model(server.url, seed=2)
+    _result(server.url, _post(server.url, "unload_model", json={"model_id": gone})["request_id"])
+    refused = httpx.post(
+        f"{server.url}/api/v1/get_info", json={"model_id": gone}, headers={"X-API-Key": API_KEY}, timeout=10
+    )
+    assert refused.status_code == 404 and "was unloaded" in refused.json()["detail"]
+    assert _post(server.url, "get_info", json={"model_id": keep})["model_id"] == keep

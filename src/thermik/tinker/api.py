@@ -100,10 +100,12 @@ class TinkerAPI:
         row = self.store.model(model_id)
         if row is None:
             raise UserError(f"unknown model_id {model_id!r}", 404)
+        if row["boot"] == self.store.boot:
+            raise UserError(f"model {model_id!r} was unloaded", 404)
         raise UserError(
             f"model {model_id!r} was created before this server restarted and its weights are gone; create a model "
             "and load_weights from its last checkpoint",
-            410 if row["boot"] != self.store.boot else 404,
+            410,
         )
 
     def get_info(self, req: types.GetInfoRequest) -> dict[str, Any]:

@@ -40,7 +40,7 @@ class WeightsAPI:
         name = self._name(req.path, req.seq_id)
         path = tinker_path(req.model_id, "weights", name)
         if self.store.checkpoint_dir(path) is not None and not req.overwrite:
-            raise UserError(f"checkpoint {path} exists; pass overwrite=True to replace it", 409)
+            raise UserError(f"checkpoint {path} exists; pass overwrite=True to replace it")
 
         def run() -> tuple[str, bytes]:
             directory = self.root / req.model_id / "weights" / name
