@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ from tinker.proto.response_conv import deserialize_forward_backward_output, dese
 
 from thermik.tinker import wire
 from thermik.tinker.config import TinkerConfig
+from thermik.tinker.service import Job, Service, ok
 from thermik.tinker.store import Store
 
 
@@ -80,3 +83,46 @@ def test_store_keeps_futures_idempotent_across_reopen(tmp_path: Path) -> None:
     row = again.future(rid)
     assert row is not None and (row.status, row.payload) == ("done", b"abc")
     assert again.new_future("fwdbwd", "train:m:1") == (rid, False)
+
+
+class _RecordingTrainer:
+    """Stands in for the Trainer: records what the worker asks of it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, int]] = []
+
+    def forward_backward(self, model_id, loss_fn, config, parts, forward_only) -> None:
+        self.calls.append(("fwdbwd", model_id, len(parts)))
+        for part in parts:
+            part.outputs, part.metrics = [], {"loss:sum": 0.0}
+
+
+def test_worker_batches_forward_backward_per_adapter_up_to_a_barrier(tmp_path: Path) -> None:
+    trainer, gate = _RecordingTrainer(), threading.Event()
+    service = Service(Store(tmp_path / "t.sqlite"), trainer, samplers=None, num_threads=0)  # type: ignore[arg-type]
+    req = wire.FwdBwdRequest("A", 0, "cross_entropy", False, [wire.Datum(np.array([1]), {})])
+    other = wire.FwdBwdRequest("B", 0, "cross_entropy", False, [wire.Datum(np.array([1]), {})])
+
+    def optim() -> tuple[str, bytes]:
+        trainer.calls.append(("optim", "A", 0))
+        return ok({})
+
+    def hold() -> tuple[str, bytes]:  # keeps the worker busy until every job below is queued
+        gate.wait(10)
+        return ok({})
+
+    service.submit(Job("", "A", "hold", run=hold), None)
+    ids = [
+        service.submit(Job("", "A", "fwdbwd", fwdbwd=req), None)[0],
+        service.submit(Job("", "B", "fwdbwd", fwdbwd=other), None)[0],
+        service.submit(Job("", "A", "fwdbwd", fwdbwd=req), None)[0],
+        service.submit(Job("", "A", "optim", run=optim), None)[0],
+        service.submit(Job("", "A", "fwdbwd", fwdbwd=req), None)[0],
+    ]
+    gate.set()
+    deadline = time.monotonic() + 10
+    while any(service.store.future(i).status == "pending" for i in ids):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    service.close()
+    assert trainer.calls == [("fwdbwd", "A", 2), ("fwdbwd", "B", 1), ("optim", "A", 0), ("fwdbwd", "A", 1)]
