@@ -99,7 +99,7 @@ def _with_seed(params: SamplingParams, seed: int | None) -> SamplingParams:
 @torch.no_grad()
 def _prompt_logprobs(model: torch.nn.Module, prompt: list[int]) -> list[float]:
     """log p(prompt[i] | prompt[:i]) for i >= 1; NaN at 0 (no context), which the SDK reads as None."""
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=next(model.parameters()).device)
     logits = model(input_ids=ids).logits[0, :-1].float()
     lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
-    return [float("nan"), *lp.tolist()]
+    return [float("nan"), *lp.cpu().tolist()]

@@ -62,6 +62,7 @@ class Trainer:
         self.plain = copy.deepcopy(base)  # never wrapped: sampler engines start from copies of it
         self.vocab_size = int(base.get_input_embeddings().weight.shape[0])
         self.max_len = int(base.config.max_position_embeddings)
+        self.device = next(base.parameters()).device
         self._base = base
         self.peft: PeftModel | None = None
         self.adapters: dict[str, Adapter] = {}
@@ -101,10 +102,10 @@ class Trainer:
 
         def pad(key: str, dtype: torch.dtype) -> torch.Tensor:
             rows = [torch.as_tensor(d.inputs[key] if key else d.tokens).reshape(-1).to(dtype) for d in data]
-            return torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
+            return torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows]).to(self.device)
 
         tokens, targets = pad("", torch.long), pad("target_tokens", torch.long)
-        mask = torch.stack([torch.arange(width) < len(d.tokens) for d in data]).float()
+        mask = torch.stack([torch.arange(width) < len(d.tokens) for d in data]).float().to(self.device)
         inputs = {k: pad(k, torch.float32) for k in ("weights", "logprobs", "advantages") if k in data[0].inputs}
         with torch.set_grad_enabled(not forward_only):
             logits = model(input_ids=tokens, attention_mask=mask.long()).logits.float()
@@ -112,7 +113,7 @@ class Trainer:
             result = compute_loss(loss_fn, config, logp, inputs, mask)
             if not forward_only:
                 result.loss.backward()
-        self._split(parts, logp.detach(), result.per_token.detach(), result.metrics)
+        self._split(parts, logp.detach().cpu(), result.per_token.detach().cpu(), result.metrics)
 
     @staticmethod
     def _split(parts: list[FwdBwdPart], logp: torch.Tensor, per_token: torch.Tensor, batch: dict[str, float]) -> None:
