@@ -85,6 +85,16 @@ def test_store_keeps_futures_idempotent_across_reopen(tmp_path: Path) -> None:
     assert again.new_future("fwdbwd", "train:m:1") == (rid, False)
 
 
+def _held(gate: threading.Event):
+    """A job body that keeps the worker busy until `gate` is set."""
+
+    def run() -> tuple[str, bytes]:
+        gate.wait(10)
+        return ok({"done": True})
+
+    return run
+
+
 class _RecordingTrainer:
     """Stands in for the Trainer: records what the worker asks of it."""
 
@@ -107,11 +117,7 @@ def test_worker_batches_forward_backward_per_adapter_up_to_a_barrier(tmp_path: P
         trainer.calls.append(("optim", "A", 0))
         return ok({})
 
-    def hold() -> tuple[str, bytes]:  # keeps the worker busy until every job below is queued
-        gate.wait(10)
-        return ok({})
-
-    service.submit(Job("", "A", "hold", run=hold), None)
+    service.submit(Job("", "A", "hold", run=_held(gate)), None)  # every job below is queued behind it
     ids = [
         service.submit(Job("", "A", "fwdbwd", fwdbwd=req), None)[0],
         service.submit(Job("", "B", "fwdbwd", fwdbwd=other), None)[0],
@@ -126,3 +132,26 @@ def test_worker_batches_forward_backward_per_adapter_up_to_a_barrier(tmp_path: P
         time.sleep(0.01)
     service.close()
     assert trainer.calls == [("fwdbwd", "A", 2), ("fwdbwd", "B", 1), ("optim", "A", 0), ("fwdbwd", "A", 1)]
+
+
+def test_retrieve_future_answers_try_again_before_the_sdks_timeout(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from thermik.tinker.api import Served, TinkerAPI
+    from thermik.tinker.api_weights import WeightsAPI
+    from thermik.tinker.app import build_app
+
+    gate = threading.Event()
+    service = Service(Store(tmp_path / "t.sqlite"), _RecordingTrainer(), samplers=None)  # type: ignore[arg-type]
+    rid, _ = service.submit(Job("", "A", "hold", run=_held(gate)), None)
+    api = TinkerAPI(service, Served("m", tmp_path, "qwen2", 100, 64, 8))
+    with TestClient(build_app(api, WeightsAPI(api, tmp_path / "ckpt"), poll_s=0.2)) as http:
+        t0 = time.monotonic()
+        pending = http.post("/api/v1/retrieve_future", json={"request_id": rid}).json()
+        assert pending == {"type": "try_again", "request_id": rid, "queue_state": "active"}
+        assert 0.2 <= time.monotonic() - t0 < 5
+        gate.set()
+        assert http.post("/api/v1/retrieve_future", json={"request_id": rid}).json() == {"done": True}
+        missing = http.post("/api/v1/retrieve_future", json={"request_id": "nope"})
+        assert missing.status_code == 404 and "unknown request_id" in missing.json()["detail"]
+    service.close()
