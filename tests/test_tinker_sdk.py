@@ -62,6 +62,10 @@ def test_sdk_trains_lora_saves_and_samples(server, tiny_model_dir: Path) -> None
         assert 1 <= len(seq.tokens) <= 6 and len(seq.logprobs) == len(seq.tokens)
         assert all(lp <= 0 for lp in seq.logprobs)
     assert result.prompt_logprobs[0] is None and len(result.prompt_logprobs) == 4
+    last2 = sampler.sample(prompt, 1, params, include_prompt_logprobs=True, prompt_logprobs_last_n=2).result()
+    assert last2.prompt_logprobs[:2] == [None, None] and last2.prompt_logprobs[2:] == result.prompt_logprobs[2:]
+    with pytest.raises(Exception, match="does not support \\['topk_sample_logprobs'\\]"):
+        sampler.sample(prompt, 1, params, topk_sample_logprobs=3).result()
     # the sampler's weights are the trained adapter's: its logprobs equal the training forward's
     seq = result.sequences[0]
     full = prompt.to_ints() + list(seq.tokens)

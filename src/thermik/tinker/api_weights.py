@@ -165,7 +165,9 @@ class WeightsAPI:
             raise UserError(f"the prompt needs 1 to {served.max_len - 1} tokens with ids in [0, {served.vocab_size})")
         if not 1 <= req.num_samples <= 1024:
             raise UserError(f"num_samples must be between 1 and 1024, got {req.num_samples}")
-        job = SampleJob(prompt, req.num_samples, req.sampling_params.model_dump(), bool(req.prompt_logprobs))
+        self._check_sampling_options(req, len(prompt))
+        params = req.sampling_params.model_dump()
+        job = SampleJob(prompt, req.num_samples, params, bool(req.prompt_logprobs), req.prompt_logprobs_last_n)
 
         async def work() -> tuple[str, bytes]:
             sequences, prompt_lp = await self.api.service.samplers.sample(weights, job)
@@ -178,6 +180,21 @@ class WeightsAPI:
         )
         request_id = self.api.service.submit_async("sample", key, {}, work)
         return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}/{i}" for i in range(req.num_samples)]}
+
+    @staticmethod
+    def _check_sampling_options(req: types.SampleRequest, prompt_len: int) -> None:
+        unsupported = {
+            "topk_prompt_logprobs": req.topk_prompt_logprobs, "topk_sample_logprobs": req.topk_sample_logprobs,
+            "prompt_alt_tokens_k": req.prompt_alt_tokens_k, "target_prompt_logprobs": req.target_prompt_logprobs,
+        }  # fmt: skip
+        asked = sorted(k for k, v in unsupported.items() if v)
+        if asked:
+            raise UserError(f"this server does not support {asked} in sampling yet")
+        last_n = req.prompt_logprobs_last_n
+        if last_n is not None and (not req.prompt_logprobs or not 1 <= last_n <= prompt_len - 1):
+            raise UserError(
+                f"prompt_logprobs_last_n needs prompt_logprobs and 1 <= n <= {prompt_len - 1}; got {last_n}"
+            )
 
     def _sampling_target(self, req: types.SampleRequest) -> str | None:
         if req.sampling_session_id is not None:

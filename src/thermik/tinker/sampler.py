@@ -27,6 +27,7 @@ class SampleJob:
     num_samples: int
     params: dict[str, Any]  # the request's sampling_params (Tinker field names)
     prompt_logprobs: bool
+    prompt_logprobs_last_n: int | None = None
 
 
 def engine_params(params: dict[str, Any], room: int) -> SamplingParams:
@@ -83,7 +84,12 @@ class Samplers:
         sequences = [Sequence(g.token_ids, g.logprobs, "length" if g.stop_reason == "length" else "stop") for g in gens]
         if any(g.stop_reason == "abort" for g in gens):
             raise RuntimeError("sampling was aborted (the engine is shutting down)")
-        prompt_lp = await asyncio.to_thread(_prompt_logprobs, engine.model, job.prompt) if job.prompt_logprobs else None
+        if not job.prompt_logprobs:
+            return sequences, None
+        prompt_lp = await asyncio.to_thread(_prompt_logprobs, engine.model, job.prompt)
+        if job.prompt_logprobs_last_n is not None:  # positions before the last n carry no logprob (NaN -> None)
+            cut = len(prompt_lp) - job.prompt_logprobs_last_n
+            prompt_lp = [float("nan")] * cut + prompt_lp[cut:]
         return sequences, prompt_lp
 
     async def close(self) -> None:
