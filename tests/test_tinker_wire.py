@@ -155,3 +155,31 @@ def test_retrieve_future_answers_try_again_before_the_sdks_timeout(tmp_path: Pat
         missing = http.post("/api/v1/retrieve_future", json={"request_id": "nope"})
         assert missing.status_code == 404 and "unknown request_id" in missing.json()["detail"]
     service.close()
+
+
+def test_samplers_never_close_an_engine_under_a_request(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import asyncio
+
+    from thermik.models.loading import load_tokenizer
+    from thermik.tinker.sampler import Samplers
+    from thermik.tinker.trainer import Trainer
+
+    trainer = Trainer(tiny_model_dir)
+    trainer.create("run-a", {"rank": 2, "seed": 0})
+    trainer.save_sampler("run-a", tmp_path / "a")
+    samplers = Samplers(trainer.plain, load_tokenizer(tiny_model_dir), max_engines=1)
+    adapter = str(tmp_path / "a")
+
+    async def main() -> None:
+        base = await samplers.engine(None)  # busy, as under a running request
+        await samplers.engine(adapter)
+        assert set(samplers._engines) == {None, adapter}  # over the limit, but the busy one stays
+        samplers.release(None)
+        samplers.release(adapter)
+        assert await samplers.engine(adapter) is samplers._engines[adapter]
+        assert set(samplers._engines) == {adapter}  # the idle, least recently used one went
+        samplers.release(adapter)
+        assert base.weight_version == 0
+        await samplers.close()
+
+    asyncio.run(main())

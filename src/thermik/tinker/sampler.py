@@ -52,6 +52,7 @@ class Samplers:
     def __init__(self, plain: torch.nn.Module, tokenizer: Any, max_engines: int = 3, seed: int = 0) -> None:
         self._plain, self._tokenizer, self._max, self._seed = plain, tokenizer, max_engines, seed
         self._engines: OrderedDict[str | None, Any] = OrderedDict()
+        self._busy: dict[str | None, int] = {}
         self._lock = asyncio.Lock()
         self.max_len = int(plain.config.max_position_embeddings)
 
@@ -63,19 +64,28 @@ class Samplers:
         return embedded_engine(model, eos_token_ids=stop_ids, pad_token_id=pad, seed=self._seed, detokenize=tok.decode)
 
     async def engine(self, weights_dir: str | None) -> Any:
+        """The engine for `weights_dir`, marked busy (the caller calls `release`); idle ones past the limit close."""
         async with self._lock:
-            if weights_dir in self._engines:
-                self._engines.move_to_end(weights_dir)
-                return self._engines[weights_dir]
-            engine = await asyncio.to_thread(self._build, weights_dir)
-            self._engines[weights_dir] = engine
-            while len(self._engines) > self._max:
-                _, old = self._engines.popitem(last=False)
-                await old.close()
-            return engine
+            if weights_dir not in self._engines:
+                self._engines[weights_dir] = await asyncio.to_thread(self._build, weights_dir)
+            self._engines.move_to_end(weights_dir)
+            self._busy[weights_dir] = self._busy.get(weights_dir, 0) + 1
+            idle = [k for k in self._engines if not self._busy.get(k)]  # least recently used first
+            for key in idle[: max(0, len(self._engines) - self._max)]:  # a busy engine is never closed under a request
+                await self._engines.pop(key).close()
+            return self._engines[weights_dir]
+
+    def release(self, weights_dir: str | None) -> None:
+        self._busy[weights_dir] -= 1
 
     async def sample(self, weights_dir: str | None, job: SampleJob) -> tuple[list[Sequence], list[float] | None]:
         engine = await self.engine(weights_dir)
+        try:
+            return await self._sample(engine, job)
+        finally:
+            self.release(weights_dir)
+
+    async def _sample(self, engine: Any, job: SampleJob) -> tuple[list[Sequence], list[float] | None]:
         base = engine_params(job.params, self.max_len - len(job.prompt))
         seeds = [None if base.seed is None else base.seed + i for i in range(job.num_samples)]
         gens = await asyncio.gather(
