@@ -35,7 +35,19 @@ STAMP = "# pyproject.toml dependencies sha256: "
 # Lock file -> extras it covers. main: the README's main job. dev: CI, tests, benchmarks, examples and docs' extras.
 # The vllm extra is left out: it needs a CUDA torch and its own environment.
 LOCKS: dict[str, tuple[str, ...]] = {
-    "requirements/dev.txt": ("dev", "bench", "envs", "skyrl", "llm", "serve", "lora", "real", "distributed", "sinks"),
+    "requirements/dev.txt": (
+        "dev",
+        "bench",
+        "envs",
+        "skyrl",
+        "llm",
+        "serve",
+        "lora",
+        "real",
+        "distributed",
+        "sinks",
+        "tinker",
+    ),
     "requirements/main.txt": (),
 }
 # main is compiled under dev's pins, so both files agree on every package they share.

@@ -4,6 +4,7 @@ thermik rl  [@ a.toml @ b.toml] [--section.key value ...] [--dry-run] [--help]
 thermik sft [@ a.toml ...] [--key value ...] [--dry-run] [--help]
 thermik eval [@ a.toml ...] [--k K] [--steps all --checkpoints_of RUN] [--policy.base_url URL] (docs/evaluation.md)
 thermik inference [@ a.toml ...] [--server.port 8000 ...]   (OpenAI-compatible server for model.path)
+thermik tinker [@ a.toml ...] [--model.path DIR --server.port 8000 ...]   (Tinker-compatible training service)
 thermik trainer [@ a.toml ...] [--key value ...]       (split run: the policy updates; docs/process_split.md)
 thermik orchestrator [@ a.toml ...] [--key value ...]  (split run: rollouts on the inference server)
 thermik model init --preset NAME --out DIR
@@ -100,6 +101,12 @@ def _cmd_inference(cfg: ServeConfig) -> None:
     serve(cfg)
 
 
+def _cmd_tinker(cfg: Any) -> None:
+    from thermik.tinker.run import serve
+
+    serve(cfg)
+
+
 def _cmd_model(argv: list[str]) -> int:
     from thermik.models.commands import add_import_parser, run_import
     from thermik.models.presets import PRESETS, init_model
@@ -176,7 +183,7 @@ def _cmd_synthesize(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = ("rl", "sft", "eval", "inference", "trainer", "orchestrator", "model", "synthesize", "monitor")
+COMMANDS = ("rl", "sft", "eval", "inference", "tinker", "trainer", "orchestrator", "model", "synthesize", "monitor")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run_configured(EvalRunConfig, rest, _cmd_eval, "eval")
     if cmd == "inference":
         return _run_configured(ServeConfig, rest, _cmd_inference, "inference", shared_with=RunConfig)
+    if cmd == "tinker":
+        from thermik.tinker.config import TinkerConfig
+
+        return _run_configured(TinkerConfig, rest, _cmd_tinker, "tinker")
     if cmd == "trainer":
         return _run_configured(RunConfig, rest, _cmd_trainer, "trainer")
     if cmd == "orchestrator":

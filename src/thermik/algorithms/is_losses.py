@@ -95,3 +95,21 @@ def cross_entropy_loss(
     ratio = torch.exp(log_ratio(logp, old_logp, keep))
     per_token = -torch.where(keep, logp, torch.zeros_like(logp))
     return reduce(per_token, mask), ratio_metrics(ratio, keep, torch.zeros_like(keep))
+
+
+def dro_loss(
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, beta: float, reduce: Reduction
+) -> tuple[Tensor, dict[str, float]]:
+    """DRO, direct reward optimisation with a quadratic penalty (Richemond et al. 2024, "Offline Regularised
+    Reinforcement Learning for Large Language Models Alignment"; the Tinker "dro" loss).
+
+    Per token -(A * logp - beta / 2 * (logp - old_logp)^2): a REINFORCE term and a squared log-ratio that keeps
+    the policy near the behaviour policy. Takes `beta` instead of `LossParams` (it is not a policy-loss table
+    entry). clip_frac is 0.
+    """
+    if beta < 0:
+        raise ValueError(f"dro_loss: beta must be >= 0, got {beta}")
+    keep = check_loss_inputs("dro_loss", logp, old_logp, adv, mask)
+    diff = log_ratio(logp, old_logp, keep)
+    per_token = -(adv * torch.where(keep, logp, torch.zeros_like(logp)) - 0.5 * beta * diff.square())
+    return reduce(per_token, mask), ratio_metrics(torch.exp(diff), keep, torch.zeros_like(keep))
