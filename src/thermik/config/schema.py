@@ -6,10 +6,11 @@ description so `thermik <cmd> --help` can list it with its default.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -102,6 +103,22 @@ class EnvConfig(Section):
     tool_groups: list[str] = Field(
         default_factory=list, description="Local tools for the 'mcp' env: 'pkg.mod:attr' of a ToolGroup or @tool."
     )
+    tool_error_pattern: str | None = Field(
+        None,
+        description="A regular expression (Python `re`, searched in the result text): a tool result that matches "
+        "counts as a failed call (a `tool_failures` count, an 'error: ' observation, never a successful call for "
+        "the reward), for MCP servers that report errors as ordinary text instead of isError. E.g. '^(Error|ERROR):'.",
+    )
+
+    @field_validator("tool_error_pattern")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from None
+        return v
 
 
 class LLMGeneratorConfig(Section):
