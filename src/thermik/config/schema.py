@@ -245,6 +245,12 @@ class AlgorithmConfig(Section):
     halt_on_degenerate: bool = Field(False, description="Stop (not just warn) when the importance ratio is stuck.")
     degenerate_patience: int = Field(10, ge=1, description="Steps of ratio std ~ 0 with lr > 0 before acting.")
     max_nonfinite_steps: int = Field(3, ge=1, description="Fail after this many NaN/inf optimizer steps in a row.")
+    on_nonfinite: Literal["skip", "halt"] = Field(
+        "skip",
+        description="NaN/inf in a reward, a rollout logprob (the step's update), the loss or a gradient (an "
+        "optimizer step): 'skip' it (the run fails after max_nonfinite_steps in a row) or 'halt' at once. The "
+        "message names the culprit; metrics health/nonfinite_rewards|rollout_logprobs, health/skipped_update.",
+    )
 
     @model_validator(mode="after")
     def _custom_loss_named(self) -> AlgorithmConfig:

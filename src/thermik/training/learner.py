@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from thermik.algorithms.health import nonfinite_entries
 from thermik.config.schema import RunConfig
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.training import reference
@@ -106,6 +107,9 @@ async def train_on_batch(
     rollout_is_behaviour: the batch was sampled by older weights (asynchronous training), so the rollout logprobs
     are the behaviour policy of the PPO ratio.
     """
+    skipped = _nonfinite_inputs(learner, batch)
+    if skipped is not None:
+        return skipped, 0.0
     cfg, alg = learner.cfg, learner.cfg.algorithm
     temperature = cfg.rollout.sampling.temperature or 1.0
     # Rewards -> shaped rewards (length terms, KL in reward mode) -> critic values (gae) -> advantages.
@@ -131,6 +135,21 @@ async def train_on_batch(
     state_metrics = learner.algo.after_update({**adv_metrics, **update_metrics}, len(batch))
     reference.maybe_refresh(learner.ref, learner.policy, alg, step + 1)
     return {**adv_metrics, **update_metrics, **state_metrics}, time.perf_counter() - t0
+
+
+def _nonfinite_inputs(learner: Learner, batch: TokenBatch) -> dict[str, float] | None:
+    """NaN/inf in the batch's rewards or rollout logprobs (on trained tokens): the step's update is skipped, or the
+    run halts (`algorithm.on_nonfinite`), naming the culprit; None when all are finite."""
+    checks = [
+        ("health/nonfinite_rewards", "reward", batch.token_rewards, None),
+        ("health/nonfinite_rollout_logprobs", "rollout logprob", batch.rollout_logp, batch.mask),
+    ]
+    found = {key: nonfinite_entries(name, values, where) for key, name, values, where in checks if values is not None}
+    bad = {key: entry for key, entry in found.items() if entry[0]}
+    if not bad:
+        return None
+    learner.algo.guard.reject("; ".join(description for _, description in bad.values()), "updates")
+    return {**{key: float(count) for key, (count, _) in bad.items()}, "health/skipped_update": 1.0}
 
 
 def _update(learner: Learner, batch: TokenBatch, temperature: float, rollout_is_behaviour: bool) -> dict[str, float]:
