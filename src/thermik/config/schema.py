@@ -330,6 +330,26 @@ class CheckpointConfig(Section):
     resume: bool = Field(True, description="Resume from checkpoints/latest when the run directory has one.")
 
 
+class GuardsConfig(Section):
+    """Consistency guards of the local run mode (training/consistency.py); each stops the run naming itself."""
+
+    weight_checksum: bool = Field(
+        True,
+        description="After every weight sync, compare an exact checksum of each engine tensor with the tensor the "
+        "trainer sent (one pass over the weights); a mismatch stops the run naming the tensors.",
+    )
+    parity_every: int = Field(
+        0,
+        ge=0,
+        description="Every k steps (0: off), sample parity_tokens tokens after a fixed probe prompt with the engine, "
+        "score them with the trainer, and stop the run when the logprobs differ by more than parity_max_abs_diff.",
+    )
+    parity_tokens: int = Field(16, ge=1, description="Tokens the parity probe samples and compares.")
+    parity_max_abs_diff: float = Field(
+        0.1, gt=0, description="Largest engine-vs-trainer logprob difference the parity probe accepts."
+    )
+
+
 class EvalConfig(Section):
     every: int = Field(0, ge=0, description="Evaluate on the held-out set every k steps; 0 only before and after.")
     size: int = Field(200, ge=1, description="Held-out problems evaluated.")
@@ -418,6 +438,7 @@ class RunConfig(Section):
     lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters on the policy.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Engine/trainer consistency guards.")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Metrics and progress.")
     distributed: DistributedConfig = Field(
         default_factory=DistributedConfig, description="Ray scale-out (thermik.distributed.launch)."

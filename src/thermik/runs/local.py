@@ -22,6 +22,7 @@ from thermik.runs.build import Run, build_run
 from thermik.runs.loop import rl_plan, run_loop
 from thermik.runs.step import Rollout, learner_update, make_rollout, rl_step, sample_rollout
 from thermik.training import components
+from thermik.training.consistency import PROBE_TEXT, ConsistencyGuards
 from thermik.training.learner import Learner, save_checkpoint
 
 __all__ = ["LocalMode", "run_rl", "setup"]
@@ -36,6 +37,8 @@ class LocalMode:
         self.rollout_ctx: RolloutContext = run.rollout
         self.learner: Learner = run.learner
         self.producer: GroupProducer | None = None  # asynchronous mode only
+        probe = list(run.chat.tokenizer.encode(PROBE_TEXT, add_special_tokens=False))
+        self.guards = ConsistencyGuards(self.cfg.guards, probe)
 
     # ---------------------------------------------------------------- StepHalves
 
@@ -55,10 +58,13 @@ class LocalMode:
 
     async def sync_weights(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        version = await self.rollout_ctx.engine.update_weights(components.engine_weights(self.learner.policy))
+        sent = components.engine_weights(self.learner.policy)
+        version = await self.rollout_ctx.engine.update_weights(sent)
+        metrics = {"weights/version": float(version), "time/weight_sync": time.perf_counter() - t0}
+        metrics |= await self.guards.after_sync(self.rollout_ctx.engine, self.learner.policy, sent, step)
         if self.producer is not None:
             await self.producer.weights_updated()
-        return {"weights/version": float(version), "time/weight_sync": time.perf_counter() - t0}
+        return metrics
 
     # ---------------------------------------------------------------- loop hooks
 
