@@ -2,9 +2,9 @@
 the engine and the trainer corrupts training.
 
 - Weight checksum, after every weight sync: each tensor the sync sent and the engine's tensor of that name get an
-  exact checksum (the wrapping sum of the raw bits as integers, in the engine's dtype). Integer sums are order-independent,
-  so fused or strided engine tensors checksum like the trainer's; any changed element changes the sum (barring an
-  exact compensation). One pass over the weights, no copy when the dtypes agree.
+  exact checksum (the wrapping sum of the raw bits as integers, in the engine's dtype). Integer sums are
+  order-independent, so fused or strided engine tensors checksum like the trainer's; any changed element changes
+  the sum (barring an exact compensation). One pass over the weights, no copy when the dtypes agree.
 - Logprob parity probe, every k steps: the engine samples a few tokens after a fixed probe prompt; the trainer
   scores the same tokens; the largest absolute logprob difference must stay under a threshold.
 
