@@ -328,6 +328,11 @@ class CheckpointConfig(Section):
     every: int = Field(0, ge=0, description="Save a checkpoint every k steps; 0 saves only at the end.")
     keep: int = Field(2, ge=1, description="Most complete checkpoints kept on disk.")
     resume: bool = Field(True, description="Resume from checkpoints/latest when the run directory has one.")
+    on_write_error: Literal["stop", "continue"] = Field(
+        "stop",
+        description="A checkpoint that cannot be written (disk full, I/O error): 'stop' the run with a message, or "
+        "'continue' training without it (a warning). Either way the previous checkpoint stays and `latest` names it.",
+    )
 
 
 class GuardsConfig(Section):

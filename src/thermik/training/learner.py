@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,21 @@ def save_checkpoint(learner: Learner, step: int, extra: dict[str, Any] | None = 
         if learner.critic is not None:
             learner.critic.save(directory / CRITIC_DIR)
 
-    learner.checkpoints.save(step, write)
+    try:
+        learner.checkpoints.save(step, write)
+    except OSError as exc:  # disk full, I/O error: the partial write is gone, the previous checkpoint stays
+        previous = learner.checkpoints.latest()
+        message = (
+            f"checkpoint step_{step} could not be written to {learner.checkpoints.root}: {exc.strerror or exc}; "
+            f"{f'{previous.name} is intact and latest names it' if previous else 'there is no earlier checkpoint'}"
+        )
+        if learner.cfg.checkpoint.on_write_error == "stop":
+            raise CheckpointWriteError(message + " (checkpoint.on_write_error = 'stop')") from exc
+        warnings.warn(message + "; training goes on (checkpoint.on_write_error = 'continue')", RuntimeWarning, 2)
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written and `checkpoint.on_write_error` is 'stop'."""
 
 
 async def train_on_batch(
