@@ -8,6 +8,7 @@ update is the same code (runs/step.py).
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 import warnings
 from dataclasses import dataclass
@@ -99,10 +100,12 @@ def save_checkpoint(learner: Learner, step: int, extra: dict[str, Any] | None = 
 
     try:
         learner.checkpoints.save(step, write)
-    except OSError as exc:  # disk full, I/O error: the partial write is gone, the previous checkpoint stays
-        previous = learner.checkpoints.latest()
+    # Disk full or an I/O error (torch.save reports a full disk as a RuntimeError): the partial write is gone.
+    except (OSError, RuntimeError) as exc:
+        previous, root = learner.checkpoints.latest(), learner.checkpoints.root
         message = (
-            f"checkpoint step_{step} could not be written to {learner.checkpoints.root}: {exc.strerror or exc}; "
+            f"checkpoint step_{step} could not be written to {root} ({shutil.disk_usage(root).free} bytes free "
+            f"there): {type(exc).__name__}: {exc}; "
             f"{f'{previous.name} is intact and latest names it' if previous else 'there is no earlier checkpoint'}"
         )
         if learner.cfg.checkpoint.on_write_error == "stop":
