@@ -5,8 +5,8 @@ again), ..., and finally run to the end. After every kill: no checkpoint directo
 complete one, no MCP server outlived the run. At the end: every step logged once, metrics, sampler order and final
 weights equal an uninterrupted run of the same seeded config.
 
-`python tests/reliability/kill_suite.py --kills 20` prints the figures (docs/reliability.md quotes them);
-tests/reliability/test_kill9.py runs a bounded form.
+`python tests/reliability/kill_suite.py --kills 20 --fuzz-cases 10000` prints the figures (docs/reliability.md
+quotes them); tests/reliability/test_kill9.py runs a bounded form.
 """
 
 from __future__ import annotations
@@ -218,7 +218,16 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", type=Path, help="a model directory (default: a fresh qwen2-1m)")
+    parser.add_argument("--fuzz-cases", type=int, default=0, help="also fuzz each tool-call parser with N strings")
     args = parser.parse_args()
+    if args.fuzz_cases:
+        from test_fuzz_parsers import run_fuzz
+
+        from thermik.tools.parsers import TOOL_PARSERS
+
+        print(json.dumps({name: run_fuzz(name, args.fuzz_cases) for name in sorted(TOOL_PARSERS)}, indent=2))
+    if not args.kills:
+        return
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:

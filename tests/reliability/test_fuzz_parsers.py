@@ -2,7 +2,7 @@
 call (a non-empty name, a dict of arguments) or a typed parse error, in block order.
 
 Bounded in CI (FUZZ_CASES_CI per parser, a few seconds); `RELIABILITY_FULL=1` runs FUZZ_CASES_FULL per parser
-(or `RELIABILITY_FUZZ_CASES=N`). `python scripts/reliability_figures.py` prints the counts.
+(or `RELIABILITY_FUZZ_CASES=N`). `python tests/reliability/kill_suite.py --kills 0 --fuzz-cases N` prints them.
 """
 
 from __future__ import annotations
