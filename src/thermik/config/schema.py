@@ -432,6 +432,11 @@ class RunConfig(Section):
     name: str = Field("calculator", description="Run name; the run directory is <output_dir>/<name>.")
     output_dir: str = Field("runs", description="Parent of run directories.")
     seed: int = Field(0, description="Global seed.")
+    record: bool = Field(
+        False,
+        description="Local mode: write each step's training batch, RNG state and weight checksums to records/ "
+        "(`thermik rl --record`); `thermik replay RUN --from-step S` re-runs those updates (runs/record.py).",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
     inference: InferenceConfig = Field(default_factory=InferenceConfig, description="Inference engine.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="Environment.")

@@ -74,9 +74,10 @@ def _build_critic(cfg: RunConfig) -> Critic | None:
     return Critic.from_config(cfg.model, cfg.critic, cfg.trainer.micro_batch_size)
 
 
-def restore(learner: Learner) -> dict[str, Any] | None:
-    """Load the newest checkpoint (when checkpoint.resume) into the learner; returns its saved extras or None."""
-    latest = learner.checkpoints.latest() if learner.cfg.checkpoint.resume else None
+def restore(learner: Learner, checkpoint: Path | None = None) -> dict[str, Any] | None:
+    """Load `checkpoint`, or else the newest one (when checkpoint.resume), into the learner; returns its saved extras
+    or None."""
+    latest = checkpoint or (learner.checkpoints.latest() if learner.cfg.checkpoint.resume else None)
     if latest is None:
         return None
     extra = load_training_state(latest, learner.policy, learner.optimizer)
