@@ -220,6 +220,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", type=Path, help="a model directory (default: a fresh qwen2-1m)")
     parser.add_argument("--fuzz-cases", type=int, default=0, help="also fuzz each tool-call parser with N strings")
+    parser.add_argument("--workdir", type=Path, help="keep the runs here (default: a temporary directory)")
     args = parser.parse_args()
     if args.fuzz_cases:
         from test_fuzz_parsers import run_fuzz
@@ -230,6 +231,9 @@ def main() -> None:
     if not args.kills:
         return
     with tempfile.TemporaryDirectory() as tmp:
+        if args.workdir is not None:
+            args.workdir.mkdir(parents=True)
+            tmp = str(args.workdir)
         model = args.model
         if model is None:
             from thermik.models.presets import init_model

@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from kill_suite import PHASES, STEPS, run_suite
+from conftest import run_thermik
+from kill_suite import PHASES, STEPS, rl_args, run_suite, write_data
+
+from thermik.monitor.metrics import read_metrics
 
 
 @pytest.mark.slow
@@ -27,3 +30,24 @@ def test_kill9_at_random_moments_then_resume_equals_an_uninterrupted_run(tiny_mo
     assert figures["weights_identical_chains"] == figures["chains"], figures["weights_max_abs_diff"]
     assert figures["metrics_max_abs_diff"] == 0.0
     assert figures["resumed_runs_matching"] == figures["chains"]
+
+
+@pytest.mark.slow
+def test_a_start_from_scratch_drops_the_metrics_of_an_earlier_attempt(tiny_model_dir, tmp_path):
+    """Found by the suite: a run killed before its first checkpoint restarted from scratch and logged its steps
+    a second time after the killed attempt's."""
+    write_data(tmp_path)
+    args = [
+        *rl_args(tiny_model_dir, tmp_path, "twice"),
+        "--trainer.steps",
+        "2",
+        "--checkpoint.resume",
+        "false",
+        "--env.name",
+        "reverse_text",
+    ]
+    for _ in range(2):
+        proc = run_thermik(*args, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [r["step"] for r in read_metrics(tmp_path / "twice") if "time/step" in r]
+    assert steps == [1, 2]
