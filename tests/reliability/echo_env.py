@@ -1,6 +1,6 @@
-"""A one-turn environment whose every step is a real MCP call (the faulty test server's `echo`), so a kill can land
-in an MCP call. Reward: deterministic in the action. The server's command line carries $RELIABILITY_MARKER, which
-lets the suite find a server that outlived its run."""
+"""A one-turn environment whose every episode start and step is a real MCP call (the faulty test server's `echo`),
+so a kill can land in an MCP call. Reward: deterministic in the action. The server's command line carries
+$RELIABILITY_MARKER, which lets the suite find a server that outlived its run."""
 
 from __future__ import annotations
 
@@ -23,6 +23,11 @@ class EchoEnv(Env):
         self.spec = server_spec("--state-file", os.environ.get("RELIABILITY_MARKER", os.devnull))
 
     def init(self, prompt: list[Message]) -> tuple[list[Message], dict[str, Any]]:
+        return prompt, {}
+
+    async def ainit(self, prompt: list[Message]) -> tuple[list[Message], dict[str, Any]]:
+        """Every episode calls the server once at its start (a turn cut by the length limit never reaches astep)."""
+        await self.pool.call_tool(self.spec, "echo", {"text": prompt[-1]["content"][:64]}, self.options.tool_timeout_s)
         return prompt, {}
 
     async def astep(self, action: str) -> StepOutput:

@@ -190,7 +190,7 @@ def run_suite(model: Path, workdir: Path, kills: int, seed: int = 0) -> dict[str
         raise RuntimeError(f"the reference run failed:\n{reference.stderr[-3000:]}")
     chains: list[dict[str, Any]] = []
     kills_done: list[dict[str, Any]] = []
-    while len(kills_done) < kills and len(chains) < 2 * kills:  # a chain may end early: its run has finished
+    while len(kills_done) < kills and len(chains) < kills // CHAIN + 3:  # a chain ends early once its run is done
         first = len(kills_done)
         phases = [PHASES[i % len(PHASES)] for i in range(first, min(kills, first + CHAIN))]
         name = f"killed{len(chains)}"
