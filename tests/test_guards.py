@@ -75,6 +75,9 @@ def test_checksum_is_exact_and_layout_independent():
         [],  # one ulp of float32 may vanish in bfloat16
     )
     assert weight_mismatches({"a": t}, {}) == ["a (absent in the engine)"]
+    # A plain wrapping sum of the bits misses these: every element changes by the same multiple of 2^23 / 2^31.
+    w = torch.randn(512, 256)
+    assert len({checksum(w), checksum(w * 8), checksum(-w), checksum(w.to(torch.bfloat16) * 2)}) == 4
 
 
 def test_a_healthy_run_passes_both_guards(tmp_path, tiny_model_dir):

@@ -2,9 +2,9 @@
 the engine and the trainer corrupts training.
 
 - Weight checksum, after every weight sync: each tensor the sync sent and the engine's tensor of that name get an
-  exact checksum (the wrapping sum of the raw bits as integers, in the engine's dtype). Integer sums are
-  order-independent, so fused or strided engine tensors checksum like the trainer's; any changed element changes
-  the sum (barring an exact compensation). One pass over the weights, no copy when the dtypes agree.
+  exact checksum (the wrapping sum of each element's mixed raw bits, in the engine's dtype). Integer sums are
+  order-independent, so fused or strided engine tensors checksum like the trainer's; a changed element changes
+  the sum (barring a 2^-32 collision); swapped elements do not. A few integer passes over the weights.
 - Logprob parity probe, every k steps: the engine samples a few tokens after a fixed probe prompt; the trainer
   scores the same tokens; the largest absolute logprob difference must stay under a threshold.
 
@@ -26,6 +26,7 @@ from thermik.training.batch import token_logprobs
 
 PROBE_TEXT = "thermik parity probe: 3 + 4 = 7; reverse 'abc' -> 'cba'."
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_MIX = (-1640531535, 16, -2048144789)  # 0x9E3779B1, a shift, 0x85EBCA6B (as int32)
 
 
 class ConsistencyError(RuntimeError):
@@ -34,13 +35,19 @@ class ConsistencyError(RuntimeError):
 
 @torch.no_grad()
 def checksum(tensor: torch.Tensor) -> int:
-    """The sum of the tensor's raw bits read as integers, wrapping (modular sums are exact and order-independent;
-    32-bit accumulation is ten times faster on CPU than 64-bit)."""
+    """Each element's raw bits through an integer mix (multiply, xor-shift, multiply), summed with wrap-around: exact
+    and order-independent, and a structured change (a tensor scaled by a power of two, negated) does not cancel out
+    as it does in a plain sum of the bits. 32-bit arithmetic: ten times faster on CPU than 64-bit."""
     flat = tensor.detach().contiguous().reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)
     bits = flat.view(_BITS[flat.element_size()])
-    return int(bits.sum(dtype=torch.int64 if bits.dtype == torch.int64 else torch.int32))
+    h = bits.to(torch.int32) if bits.element_size() < 4 else bits.clone()
+    first, shift, second = _MIX
+    h *= first
+    h ^= h >> shift
+    h *= second
+    return int(h.sum(dtype=h.dtype))
 
 
 def weight_mismatches(sent: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor]) -> list[str]:
