@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +153,23 @@ def test_generator_errors():
         generate_rows("calculator", 1, 0, split="test")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no synthetic generator"):
         solve(_row(env_class="chess"))
+
+
+def _doc_rows() -> list[tuple[str, str]]:
+    """(doc, text) of every ```json block in docs/ that is a dataset row (names an env_class); sketches with `...`
+    placeholders (the contract in architecture.md) are not meant to load."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    blocks = [
+        (p.name, b) for p in sorted(docs.glob("*.md")) for b in re.findall(r"```json\n(.*?)```", p.read_text(), re.S)
+    ]
+    return [(doc, block) for doc, block in blocks if '"env_class"' in block and "..." not in block]
+
+
+def test_the_docs_example_rows_include_the_mcp_row():
+    assert "tools.md" in {doc for doc, _ in _doc_rows()}
+
+
+@pytest.mark.parametrize(("doc", "block"), _doc_rows())
+def test_example_rows_in_the_docs_validate(doc, block):
+    """Issue 18: the mcp row of docs/tools.md was rejected (`missing field 'data_source'`)."""
+    validate_row(json.loads(block), f"docs/{doc}")

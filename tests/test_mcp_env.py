@@ -12,12 +12,14 @@ from test_rollout import ScriptedEngine
 
 from thermik.config.schema import EnvConfig, SamplingConfig
 from thermik.envs.mcp_tool_env import MCPToolEnv, episode_reward, sequence_score, values_match
+from thermik.envs.tool_use import ServerTools, function_schema
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits, run_episode
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.tasks.registry import generate_rows, solve
 from thermik.tasks.registry import make_env as make
 from thermik.tools.faulty_server import MODULE
+from thermik.tools.faulty_server import server_spec as faulty_server_spec
 from thermik.tools.local import ToolGroup
 from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import TOOL_CALL_FORMATTERS, ToolCall
@@ -211,3 +213,61 @@ def test_calculator_rows_replay_through_the_mcp_env_with_the_calculator_server()
         assert '"name": "calculate"' in first_prompt
     wrong, _, _ = _episode([texts[0], "<answer>-1</answer>"], {**rows[-1], "extra_info": {}}, options)
     assert sum(wrong.rewards) == 0.0
+
+
+# ---------------------------------------------------------------- issue 18: block order, errors reported as text
+
+_MIXED = (
+    TOOL_CALL_FORMATTERS["hermes"]("add", {"a": 2, "b": 3})
+    + '<tool_call>{"name": "add", "arguments": {"a": 2, </tool_call>'
+    + TOOL_CALL_FORMATTERS["hermes"]("echo", {"text": "hi"})
+)
+
+
+def test_a_turn_mixing_good_and_malformed_calls_answers_in_block_order():
+    row = {
+        "prompt": [{"role": "user", "content": "Add 2 and 3."}],
+        "reward_spec": {"ground_truth": {"must_call_tool": "add"}},
+        "extra_info": {"mcp_servers": [faulty_entry("faulty", tools=["add", "echo"])]},
+    }
+    traj, env, _ = _episode([_MIXED, "done"], row, EnvConfig(name="mcp"))
+    tool_texts = [m["content"] for m in traj.messages if m["role"] == "tool"]
+    assert tool_texts[0] == "5" and tool_texts[1].startswith("error: invalid JSON") and tool_texts[2] == "hi"
+    assert env.num_tool_calls == 3 and env.num_tool_failures == 1
+
+
+def test_server_tools_answer_in_block_order_and_apply_the_error_pattern():
+    """The tool_use envs (calculator, text2sql, search, code) share ServerTools.run_turn."""
+    schemas = [function_schema("add", "", {}, []), function_schema("echo", "", {}, [])]
+    text = _MIXED + TOOL_CALL_FORMATTERS["hermes"]("echo", {"text": "ERROR: database is locked"})
+
+    async def go(options: EnvConfig):
+        pool = MCPPool()
+        try:
+            return await ServerTools(faulty_server_spec(), schemas, options, pool).run_turn(text)
+        finally:
+            await pool.aclose()
+
+    plain = asyncio.run(go(EnvConfig()))
+    assert [m["content"][:13] for m in plain.observations] == ["5", "error: invali", "hi", "ERROR: databa"]
+    assert plain.calls == 4 and plain.failures == 1
+    flagged = asyncio.run(go(EnvConfig(tool_error_pattern=r"^ERROR:")))
+    assert flagged.observations[3]["content"] == "error: ERROR: database is locked"
+    assert flagged.failures == 2
+
+
+@pytest.mark.parametrize(("pattern", "reward", "failures"), [(None, 1.0, 0), (r"^ERROR:", 0.0, 1)])
+def test_an_error_pattern_makes_text_errors_failed_calls(pattern, reward, failures):
+    row = {
+        "prompt": [{"role": "user", "content": "Echo."}],
+        "reward_spec": {"ground_truth": {"must_call_tool": "echo"}},
+        "extra_info": {"mcp_servers": [faulty_entry("faulty", tools=["echo"])]},
+    }
+    call = TOOL_CALL_FORMATTERS["hermes"]("echo", {"text": "ERROR: no such table"})
+    traj, env, _ = _episode([call, "done"], row, EnvConfig(name="mcp", tool_error_pattern=pattern))
+    assert sum(traj.rewards) == reward and env.num_tool_failures == failures
+
+
+def test_a_bad_error_pattern_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="tool_error_pattern"):
+        EnvConfig(tool_error_pattern="(unclosed")

@@ -351,6 +351,7 @@ _CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 _TEXT = {"model": MODEL, "prompt": "hi"}
 _BAD_CALL = {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
                                                  "function": {"name": "f", "arguments": "{not json"}}]}  # fmt: skip
+_LONE = b'{"model": "tiny", %s}'
 MALFORMED: list[tuple[str, str, Any, int, str | None]] = [
     # (method, path, JSON body or raw bytes, status, param named in the error)
     ("POST", "/v1/chat/completions", {"messages": _CHAT["messages"]}, 400, "model"),
@@ -399,6 +400,50 @@ MALFORMED: list[tuple[str, str, Any, int, str | None]] = [
     ("POST", "/v1/completions", _TEXT | {"echo": True}, 400, "echo"),
     ("POST", "/v1/completions", _TEXT | {"seed": 2**70}, 400, "seed"),
     ("POST", "/v1/completions", _TEXT | {"max_tokens": "many"}, 400, "max_tokens"),
+    # issue 18: a lone UTF-16 surrogate (raw bytes: httpx cannot encode one) is a 400, not a 500
+    (
+        "POST",
+        "/v1/chat/completions",
+        _LONE % b'"messages": [{"role": "user", "content": "a\\ud800"}]',
+        400,
+        "messages.0.content",
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        _LONE % b'"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]',
+        400,
+        "messages.0.content",
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        _LONE
+        % (
+            b'"messages": [{"role": "user", "content": "x"}], "tools": [{"type": '
+            b'"function", "function": {"name": "f", "description": "\\ud800"}}]'
+        ),
+        400,
+        "tools.0.function.description",
+    ),
+    ("POST", "/v1/completions", _LONE % b'"prompt": "\\ud800"', 400, "prompt"),
+    ("POST", "/v1/completions", _LONE % b'"prompt": ["ok", "\\ud800x"]', 400, "prompt"),
+    # issue 18: a tool's parameters must be a JSON Schema
+    (
+        "POST",
+        "/v1/chat/completions",
+        _CHAT
+        | {
+            "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense", "properties": 5}}}
+            ]
+        },
+        400,
+        "tools.0.function.parameters",
+    ),
+    # issue 18: prompts x n is capped (200 x 64 would queue 12,800 generations)
+    ("POST", "/v1/completions", _TEXT | {"prompt": ["a"] * 200, "n": 64}, 400, "prompt"),
+    ("POST", "/v1/completions", _TEXT | {"prompt": [[5]] * 257}, 400, "prompt"),
     ("POST", "/update_weights", {}, 400, "path"),
     ("POST", "/update_weights", {"path": "/no/such/dir"}, 400, "path"),
     ("POST", "/update_weights", {"path": "/"}, 400, "path"),
@@ -414,11 +459,14 @@ def test_malformed_requests_get_a_4xx_with_an_openai_error_body(
     url, engine = scripted
     engine.text = "fine"
     kw: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
-    resp = http.request(method, url + path, headers={"Authorization": f"Bearer {API_KEY}"}, **kw)
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    resp = http.request(method, url + path, headers=headers, **kw)
     assert resp.status_code == status, resp.text
     error = resp.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
     assert error["message"] and error["param"] == param
+    if isinstance(body, bytes) and b"\\ud" in body:
+        assert "lone UTF-16 surrogate" in error["message"]
 
 
 # ---------------------------------------------------------------------------------------------- schema fuzz

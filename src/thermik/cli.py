@@ -1,6 +1,7 @@
 """`thermik` entry point: parse a typed config, build components, run, close.
 
-thermik rl  [@ a.toml @ b.toml] [--section.key value ...] [--dry-run] [--help]
+thermik rl  [@ a.toml @ b.toml] [--section.key value ...] [--record] [--dry-run] [--help]
+thermik replay RUN_DIR [--from-step S]   (re-run the updates `thermik rl --record` wrote; compare the weights)
 thermik sft [@ a.toml ...] [--key value ...] [--dry-run] [--help]
 thermik eval [@ a.toml ...] [--k K] [--steps all --checkpoints_of RUN] [--policy.base_url URL] (docs/evaluation.md)
 thermik inference [@ a.toml ...] [--server.port 8000 ...]   (OpenAI-compatible server for model.path)
@@ -183,7 +184,29 @@ def _cmd_synthesize(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = ("rl", "sft", "eval", "inference", "tinker", "trainer", "orchestrator", "model", "synthesize", "monitor")
+COMMANDS = (
+    "rl",
+    "replay",
+    "sft",
+    "eval",
+    "inference",
+    "tinker",
+    "trainer",
+    "orchestrator",
+    "model",
+    "synthesize",
+    "monitor",
+)
+
+
+def _bare_record(argv: list[str]) -> list[str]:
+    """`--record` without a value means `--record true`."""
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg == "--record" and (i + 1 == len(argv) or argv[i + 1].startswith("-") or argv[i + 1] == "@"):
+            out.append("true")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "rl":
-        return _run_configured(RunConfig, rest, _cmd_rl, "rl")
+        return _run_configured(RunConfig, _bare_record(rest), _cmd_rl, "rl")
+    if cmd == "replay":
+        from thermik.runs.record import main as replay_main
+
+        return replay_main(rest)
     if cmd == "sft":
         return _run_configured(SFTConfig, rest, _cmd_sft, "sft")
     if cmd == "eval":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import warnings
 
+import torch
+
 
 class DegenerateRatioError(RuntimeError):
     """The policy stopped moving while the learning rate says it should."""
@@ -48,26 +50,51 @@ class DegenerateRatioDetector:
 
 
 class NonFiniteGuard:
-    """Counts consecutive optimizer steps whose loss or gradient norm was NaN/inf; raises after `max_consecutive`."""
+    """NaN/inf in a step's inputs (rewards, rollout logprobs) or an optimizer step (loss, gradient).
 
-    def __init__(self, max_consecutive: int) -> None:
+    `halt`: raise at the first one. Otherwise the step is skipped (the caller does not update) and the run fails
+    after `max_consecutive` skipped steps in a row. Each message names the culprit.
+    """
+
+    def __init__(self, max_consecutive: int, halt: bool = False) -> None:
         if max_consecutive < 1:
             raise ValueError(f"max_consecutive must be >= 1, got {max_consecutive}")
-        self.max_consecutive = max_consecutive
+        self.max_consecutive, self.halt = max_consecutive, halt
         self.streak = 0
         self.skipped = 0
 
-    def ok(self, loss: float, grad_norm: float) -> bool:
-        """True when the optimizer may step; False (skip the step) when loss or grad norm is not finite."""
+    def ok(self, loss: float, grad_norm: float, culprit: str = "") -> bool:
+        """True when the optimizer may step; False (skip the step) when loss or grad norm is not finite.
+        `culprit` names what made the gradient non-finite (e.g. the first parameter with a NaN gradient)."""
         if math.isfinite(loss) and math.isfinite(grad_norm):
             self.streak = 0
             return True
+        what = "the loss" if not math.isfinite(loss) else f"the gradient ({culprit or 'norm'})"
+        self.reject(f"{what}: loss {loss}, grad norm {grad_norm}", "optimizer steps")
+        return False
+
+    def reject(self, culprit: str, unit: str = "steps") -> None:
+        """Count one skipped step caused by `culprit`; raises when halting or after too many in a row."""
         self.streak += 1
         self.skipped += 1
+        if self.halt:
+            raise NonFiniteLossError(f"NaN/inf in {culprit}; stopping because algorithm.on_nonfinite = 'halt'")
         if self.streak >= self.max_consecutive:
             raise NonFiniteLossError(
-                f"loss or gradient norm was NaN/inf in {self.streak} consecutive optimizer steps (last loss {loss}, "
-                f"grad norm {grad_norm}); those steps were skipped. Lower the learning rate, check the rewards and "
-                "the model dtype, or raise algorithm.max_nonfinite_steps."
+                f"NaN/inf in {self.streak} consecutive {unit} (last: {culprit}); those steps were skipped. Lower the "
+                "learning rate, check the rewards and the model dtype, or raise algorithm.max_nonfinite_steps."
             )
-        return False
+        warnings.warn(f"NaN/inf in {culprit}: step skipped", RuntimeWarning, stacklevel=3)
+
+
+def nonfinite_entries(name: str, values: torch.Tensor, where: torch.Tensor | None = None) -> tuple[int, str]:
+    """(count, description of the first) of the NaN/inf entries of `values` [B, ...] (only where `where` != 0)."""
+    bad = ~torch.isfinite(values)
+    if where is not None:
+        bad &= where != 0
+    count = int(bad.sum())
+    if not count:
+        return 0, ""
+    first = [int(i) for i in bad.nonzero()[0]]
+    at = f"sample {first[0]}" + (f" token {first[1]}" if len(first) > 1 else "")
+    return count, f"{count} {name} value(s), the first at {at}: {float(values[tuple(first)])}"

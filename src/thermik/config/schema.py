@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -107,6 +107,22 @@ class EnvConfig(Section):
     tool_groups: list[str] = Field(
         default_factory=list, description="Local tools for the 'mcp' env: 'pkg.mod:attr' of a ToolGroup or @tool."
     )
+    tool_error_pattern: str | None = Field(
+        None,
+        description="A regular expression (Python `re`, searched in the result text): a tool result that matches "
+        "counts as a failed call (a `tool_failures` count, an 'error: ' observation, never a successful call for "
+        "the reward), for MCP servers that report errors as ordinary text instead of isError. E.g. '^(Error|ERROR):'.",
+    )
+
+    @field_validator("tool_error_pattern")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from None
+        return v
 
 
 class LLMGeneratorConfig(Section):
@@ -235,6 +251,12 @@ class AlgorithmConfig(Section):
     halt_on_degenerate: bool = Field(False, description="Stop (not just warn) when the importance ratio is stuck.")
     degenerate_patience: int = Field(10, ge=1, description="Steps of ratio std ~ 0 with lr > 0 before acting.")
     max_nonfinite_steps: int = Field(3, ge=1, description="Fail after this many NaN/inf optimizer steps in a row.")
+    on_nonfinite: Literal["skip", "halt"] = Field(
+        "skip",
+        description="NaN/inf in a reward, a rollout logprob (the step's update), the loss or a gradient (an "
+        "optimizer step): 'skip' it (the run fails after max_nonfinite_steps in a row) or 'halt' at once. The "
+        "message names the culprit; metrics health/nonfinite_rewards|rollout_logprobs, health/skipped_update.",
+    )
 
     @model_validator(mode="after")
     def _custom_loss_named(self) -> AlgorithmConfig:
@@ -312,6 +334,31 @@ class CheckpointConfig(Section):
     every: int = Field(0, ge=0, description="Save a checkpoint every k steps; 0 saves only at the end.")
     keep: int = Field(2, ge=1, description="Most complete checkpoints kept on disk.")
     resume: bool = Field(True, description="Resume from checkpoints/latest when the run directory has one.")
+    on_write_error: Literal["stop", "continue"] = Field(
+        "stop",
+        description="A checkpoint that cannot be written (disk full, I/O error): 'stop' the run with a message, or "
+        "'continue' training without it (a warning). Either way the previous checkpoint stays and `latest` names it.",
+    )
+
+
+class GuardsConfig(Section):
+    """Consistency guards of the local run mode (training/consistency.py); each stops the run naming itself."""
+
+    weight_checksum: bool = Field(
+        True,
+        description="After every weight sync, compare an exact checksum of each engine tensor with the tensor the "
+        "trainer sent (one pass over the weights); a mismatch stops the run naming the tensors.",
+    )
+    parity_every: int = Field(
+        0,
+        ge=0,
+        description="Every k steps (0: off), sample parity_tokens tokens after a fixed probe prompt with the engine, "
+        "score them with the trainer, and stop the run when the logprobs differ by more than parity_max_abs_diff.",
+    )
+    parity_tokens: int = Field(16, ge=1, description="Tokens the parity probe samples and compares.")
+    parity_max_abs_diff: float = Field(
+        0.1, gt=0, description="Largest engine-vs-trainer logprob difference the parity probe accepts."
+    )
 
 
 class EvalConfig(Section):
@@ -395,6 +442,11 @@ class RunConfig(Section):
     name: str = Field("calculator", description="Run name; the run directory is <output_dir>/<name>.")
     output_dir: str = Field("runs", description="Parent of run directories.")
     seed: int = Field(0, description="Global seed.")
+    record: bool = Field(
+        False,
+        description="Local mode: write each step's training batch, RNG state and weight checksums to records/ "
+        "(`thermik rl --record`); `thermik replay RUN --from-step S` re-runs those updates (runs/record.py).",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
     inference: InferenceConfig = Field(default_factory=InferenceConfig, description="Inference engine.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="Environment.")
@@ -406,6 +458,7 @@ class RunConfig(Section):
     lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters on the policy.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Engine/trainer consistency guards.")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Metrics and progress.")
     distributed: DistributedConfig = Field(
         default_factory=DistributedConfig, description="Ray scale-out (thermik.distributed.launch)."

@@ -34,6 +34,7 @@ from typing import Any
 
 from thermik.config.schema import EnvConfig
 from thermik.envs.base import Env, Message, StepOutput
+from thermik.envs.tool_use import answer_calls
 from thermik.tools.local import LocalTool, ToolGroup
 from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import ToolCall, get_parser
@@ -41,7 +42,6 @@ from thermik.tools.server_config import MCPServerEntry, parse_server_entry
 from thermik.tools.toolbox import Toolbox, ToolLimitError
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_SDK_ERROR_PREFIX = re.compile(r"^Error executing tool [^:]*: ")
 
 
 class MCPToolEnv(Env):
@@ -110,19 +110,10 @@ class MCPToolEnv(Env):
         if parsed is None or not parsed.found:
             reward, parts = episode_reward(self.ground_truth, self.successful_calls, answer and answer.group(1))
             return StepOutput(observations=[], reward=reward, done=True, metadata={**self._metrics(0, 0), **parts})
-        observations: list[Message] = [{"role": "tool", "content": f"error: {e.message}"} for e in parsed.errors]
-        failures = len(parsed.errors)
-        for call in parsed.calls:
-            result = await self.toolbox.call(call)
-            if result.is_error:
-                failures += 1
-                text = "error: " + _SDK_ERROR_PREFIX.sub("", result.text)
-            else:
-                self.successful_calls.append(call)
-                text = result.text
-            observations.append({"role": "tool", "name": call.name, "content": text})
-        calls = len(parsed.calls) + len(parsed.errors)
-        return StepOutput(observations=observations, reward=0.0, done=False, metadata=self._metrics(calls, failures))
+        answered = await answer_calls(parsed, self.toolbox.call, self.options)
+        self.successful_calls.extend(answered.succeeded)
+        metrics = self._metrics(len(parsed.items), answered.failures)
+        return StepOutput(observations=answered.observations, reward=0.0, done=False, metadata=metrics)
 
     async def aclose(self) -> None:
         if self.toolbox is not None:

@@ -7,13 +7,15 @@ they report them), call the rest, and turn every result or failure into a `tool`
 
 from __future__ import annotations
 
+import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from thermik.config.schema import EnvConfig
 from thermik.envs.base import Message
 from thermik.tools.mcp_pool import MCPPool, ServerSpec, ToolResult
-from thermik.tools.parsers import parse_hermes_tool_calls
+from thermik.tools.parsers import ParsedToolCalls, ToolCall, ToolParseError, parse_hermes_tool_calls
 
 
 def function_schema(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -50,13 +52,8 @@ class ServerTools:
         parsed = parse_hermes_tool_calls(action)
         if not parsed.found:
             return ToolTurn(found=False, observations=[])
-        observations: list[Message] = [{"role": "tool", "content": f"error: {e.message}"} for e in parsed.errors]
-        failures = len(parsed.errors)
-        for call in parsed.calls:
-            result = await self.call(call.name, call.arguments)
-            failures += result.is_error
-            observations.append(tool_observation(call.name, result))
-        return ToolTurn(True, observations, calls=len(parsed.calls) + len(parsed.errors), failures=failures)
+        answered = await answer_calls(parsed, lambda c: self.call(c.name, c.arguments), self.options)
+        return ToolTurn(True, answered.observations, calls=len(parsed.items), failures=answered.failures)
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         if name not in self.names:
@@ -64,9 +61,43 @@ class ServerTools:
         return await self.pool.call_tool(self.spec, name, arguments, self.options.tool_timeout_s)
 
 
+@dataclass
+class AnsweredCalls:
+    """The observations of one turn's tool-call blocks, in block order, and what they did."""
+
+    observations: list[Message]
+    failures: int
+    succeeded: list[ToolCall]
+
+
+async def answer_calls(
+    parsed: ParsedToolCalls, call: Callable[[ToolCall], Awaitable[ToolResult]], options: EnvConfig
+) -> AnsweredCalls:
+    """Run the calls in block order; an unreadable block answers with its parse error in its place, so a template
+    that pairs results with calls by position pairs them right. A result matching `options.tool_error_pattern`
+    counts as a failure (servers that report errors as text)."""
+    pattern = re.compile(options.tool_error_pattern) if options.tool_error_pattern else None
+    out = AnsweredCalls([], 0, [])
+    for item in parsed.items:
+        if isinstance(item, ToolParseError):
+            out.observations.append({"role": "tool", "content": f"error: {item.message}"})
+            out.failures += 1
+            continue
+        result = await call(item)
+        if not result.is_error and pattern is not None and pattern.search(result.text):
+            result = ToolResult(text=result.text, is_error=True)
+        out.failures += result.is_error
+        if not result.is_error:
+            out.succeeded.append(item)
+        out.observations.append(tool_observation(item.name, result))
+    return out
+
+
+_SDK_ERROR_PREFIX = re.compile(r"^Error executing tool [^:]*: ")
+
+
 def tool_observation(name: str, result: ToolResult) -> Message:
     """A `tool` message; errors lose the SDK's 'Error executing tool NAME: ' prefix and start with 'error: '."""
     if result.is_error:
-        text = result.text.removeprefix(f"Error executing tool {name}: ")
-        return {"role": "tool", "name": name, "content": "error: " + text}
+        return {"role": "tool", "name": name, "content": "error: " + _SDK_ERROR_PREFIX.sub("", result.text)}
     return {"role": "tool", "name": name, "content": result.text}

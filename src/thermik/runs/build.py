@@ -105,6 +105,8 @@ def build_run(
         run.resumed = restore(run.learner)
         if run.resumed is not None:
             resume_logger(run, run.learner.start_step, run.resumed.get("sampler"))
+        else:  # a start from scratch: records of an attempt killed before its first checkpoint are not this run's
+            run.logger.truncate_after(0)
     return run
 
 

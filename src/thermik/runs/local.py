@@ -20,8 +20,10 @@ from thermik.rollout.group_producer import GroupProducer
 from thermik.rollout.trajectory import Trajectory
 from thermik.runs.build import Run, build_run
 from thermik.runs.loop import rl_plan, run_loop
+from thermik.runs.record import Recorder
 from thermik.runs.step import Rollout, learner_update, make_rollout, rl_step, sample_rollout
 from thermik.training import components
+from thermik.training.consistency import PROBE_TEXT, ConsistencyGuards
 from thermik.training.learner import Learner, save_checkpoint
 
 __all__ = ["LocalMode", "run_rl", "setup"]
@@ -36,6 +38,9 @@ class LocalMode:
         self.rollout_ctx: RolloutContext = run.rollout
         self.learner: Learner = run.learner
         self.producer: GroupProducer | None = None  # asynchronous mode only
+        probe = list(run.chat.tokenizer.encode(PROBE_TEXT, add_special_tokens=False))
+        self.guards = ConsistencyGuards(self.cfg.guards, probe)
+        self.recorder = Recorder(self.cfg.run_dir) if self.cfg.record else None
 
     # ---------------------------------------------------------------- StepHalves
 
@@ -51,14 +56,21 @@ class LocalMode:
         )
 
     async def update(self, rollout: Rollout, step: int) -> dict[str, float]:
-        return await learner_update(self.learner, rollout, step, off_policy=self.producer is not None)
+        before = self.recorder.before_update(rollout) if self.recorder is not None else None
+        metrics = await learner_update(self.learner, rollout, step, off_policy=self.producer is not None)
+        if self.recorder is not None and before is not None:
+            self.recorder.after_update(before, self.learner.policy, step)
+        return metrics
 
     async def sync_weights(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        version = await self.rollout_ctx.engine.update_weights(components.engine_weights(self.learner.policy))
+        sent = components.engine_weights(self.learner.policy)
+        version = await self.rollout_ctx.engine.update_weights(sent)
+        metrics = {"weights/version": float(version), "time/weight_sync": time.perf_counter() - t0}
+        metrics |= await self.guards.after_sync(self.rollout_ctx.engine, self.learner.policy, sent, step)
         if self.producer is not None:
             await self.producer.weights_updated()
-        return {"weights/version": float(version), "time/weight_sync": time.perf_counter() - t0}
+        return metrics
 
     # ---------------------------------------------------------------- loop hooks
 

@@ -1,6 +1,6 @@
 """A misbehaving MCP server for fault tests: crashes, hangs, floods, emits bad bytes, keeps file state.
 
-Run: `python -m thermik.tools.faulty_server [--crash-after N] [--state-file PATH]
+Run: `python -m thermik.tools.faulty_server [--crash-after N] [--state-file PATH] [--start-delay S]
 [--transport stdio|streamable-http --port P]`.
 
 Tools: `echo(text)`, `add(a, b)`, `sleep(seconds)` (async: the server stays responsive),
@@ -134,7 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state-file", type=Path, default=None, help="File holding the `increment` counter.")
     parser.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
     parser.add_argument("--port", type=int, default=8000, help="Port for --transport streamable-http.")
+    parser.add_argument("--start-delay", type=float, default=0.0, help="Seconds to wait before serving (slow start).")
     args = parser.parse_args(argv)
+    time.sleep(args.start_delay)
     _WIRE_INODE.append(os.fstat(1).st_ino)
     app = build_server(args.crash_after, args.state_file)
     if args.transport == "stdio":

@@ -55,6 +55,14 @@ class ParsedToolCalls:
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[ToolParseError] = field(default_factory=list)
     content: str = ""
+    items: list[ToolCall | ToolParseError] = field(default_factory=list)
+    """Calls and errors together in block order: observations answer them in this order."""
+
+    @classmethod
+    def of(cls, items: list[ToolCall | ToolParseError], content: str = "") -> ParsedToolCalls:
+        calls = [item for item in items if isinstance(item, ToolCall)]
+        errors = [item for item in items if isinstance(item, ToolParseError)]
+        return cls(calls=calls, errors=errors, content=content, items=list(items))
 
     @property
     def found(self) -> bool:
@@ -97,14 +105,13 @@ def parse_hermes_tool_calls(text: str, tools: ToolSchemas | None = None) -> Pars
     if not isinstance(text, str):
         return _bad_input(text)
     blocks, content = _scan_blocks(text)
-    calls: list[ToolCall] = []
-    errors: list[ToolParseError] = []
+    items: list[ToolCall | ToolParseError] = []
     for body, closed in blocks:
         result = _parse_json_block(body, strict=closed)
         if isinstance(result, dict):
             result = _call_from_object(result, body)
-        _collect(result, tools, calls, errors)
-    return ParsedToolCalls(calls=calls, errors=errors, content=content)
+        items.append(_repaired(result, tools))
+    return ParsedToolCalls.of(items, content)
 
 
 def _scan_blocks(
@@ -194,12 +201,8 @@ def parse_qwen3_coder_tool_calls(text: str, tools: ToolSchemas | None = None) ->
     if not blocks and "<function=" in text:
         blocks, content = _scan_blocks(text, "<function=", "</function>")
         blocks = [("<function=" + body + "</function>", closed) for body, closed in blocks]
-    calls: list[ToolCall] = []
-    errors: list[ToolParseError] = []
-    for body, _closed in blocks:
-        for result in _parse_xml_block(body, tools):
-            _collect(result, tools, calls, errors)
-    return ParsedToolCalls(calls=calls, errors=errors, content=content)
+    items = [_repaired(result, tools) for body, _closed in blocks for result in _parse_xml_block(body, tools)]
+    return ParsedToolCalls.of(items, content)
 
 
 def _parse_xml_block(body: str, tools: ToolSchemas | None) -> list[ToolCall | ToolParseError]:
@@ -275,28 +278,27 @@ def parse_llama3_tool_calls(text: str, tools: ToolSchemas | None = None) -> Pars
         body = body.replace(end_token, "")
     if not tagged and not body.lstrip().startswith("{"):
         return ParsedToolCalls(content=text.strip())
-    calls: list[ToolCall] = []
-    errors: list[ToolParseError] = []
+    items: list[ToolCall | ToolParseError] = []
     decoder = json.JSONDecoder()
     pos, rest = 0, body.strip()
     while pos < len(rest):
         try:
             obj, end = decoder.raw_decode(rest, pos)
         except (ValueError, RecursionError) as exc:
-            errors.append(ToolParseError(f"invalid JSON tool call: {_short(exc)}", rest[pos:], "invalid_json"))
+            items.append(ToolParseError(f"invalid JSON tool call: {_short(exc)}", rest[pos:], "invalid_json"))
             break
         result: ToolCall | ToolParseError = (
             _call_from_object(obj, rest[pos:end])
             if isinstance(obj, dict)
             else ToolParseError(f"a tool call must be a JSON object, got {type(obj).__name__}", rest, "not_an_object")
         )
-        _collect(result, tools, calls, errors)
+        items.append(_repaired(result, tools))
         pos = end
         while pos < len(rest) and rest[pos] in " \t\r\n;,":
             pos += 1
-    if not calls and not errors and tagged:
-        errors.append(ToolParseError(f"empty tool call after {PYTHON_TAG}", body, "empty"))
-    return ParsedToolCalls(calls=calls, errors=errors, content=before.strip())
+    if not items and tagged:
+        items.append(ToolParseError(f"empty tool call after {PYTHON_TAG}", body, "empty"))
+    return ParsedToolCalls.of(items, before.strip())
 
 
 # ---------------------------------------------------------------- shared: schema-aware argument repair
@@ -347,18 +349,15 @@ def _properties(name: str, tools: ToolSchemas | None) -> dict[str, Any]:
     return {}
 
 
-def _collect(
-    result: ToolCall | ToolParseError, tools: ToolSchemas | None, calls: list[ToolCall], errors: list[ToolParseError]
-) -> None:
+def _repaired(result: ToolCall | ToolParseError, tools: ToolSchemas | None) -> ToolCall | ToolParseError:
     if isinstance(result, ToolParseError):
-        errors.append(result)
-    else:
-        calls.append(ToolCall(result.name, repair_arguments(result.name, result.arguments, tools)))
+        return result
+    return ToolCall(result.name, repair_arguments(result.name, result.arguments, tools))
 
 
 def _bad_input(text: object) -> ParsedToolCalls:
     error = ToolParseError(f"expected text, got {type(text).__name__}", repr(text)[:200], "bad_input")
-    return ParsedToolCalls(errors=[error])
+    return ParsedToolCalls.of([error])
 
 
 def _short(exc: BaseException) -> str:

@@ -24,7 +24,7 @@ class AlgorithmState:
         )
         return cls(
             kl=kl,
-            guard=NonFiniteGuard(alg.max_nonfinite_steps),
+            guard=NonFiniteGuard(alg.max_nonfinite_steps, halt=alg.on_nonfinite == "halt"),
             degenerate=DegenerateRatioDetector(alg.degenerate_patience, halt=alg.halt_on_degenerate),
         )
 

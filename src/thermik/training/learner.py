@@ -8,13 +8,16 @@ update is the same code (runs/step.py).
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from thermik.algorithms.health import nonfinite_entries
 from thermik.config.schema import RunConfig
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.training import reference
@@ -71,9 +74,10 @@ def _build_critic(cfg: RunConfig) -> Critic | None:
     return Critic.from_config(cfg.model, cfg.critic, cfg.trainer.micro_batch_size)
 
 
-def restore(learner: Learner) -> dict[str, Any] | None:
-    """Load the newest checkpoint (when checkpoint.resume) into the learner; returns its saved extras or None."""
-    latest = learner.checkpoints.latest() if learner.cfg.checkpoint.resume else None
+def restore(learner: Learner, checkpoint: Path | None = None) -> dict[str, Any] | None:
+    """Load `checkpoint`, or else the newest one (when checkpoint.resume), into the learner; returns its saved extras
+    or None."""
+    latest = checkpoint or (learner.checkpoints.latest() if learner.cfg.checkpoint.resume else None)
     if latest is None:
         return None
     extra = load_training_state(latest, learner.policy, learner.optimizer)
@@ -95,7 +99,23 @@ def save_checkpoint(learner: Learner, step: int, extra: dict[str, Any] | None = 
         if learner.critic is not None:
             learner.critic.save(directory / CRITIC_DIR)
 
-    learner.checkpoints.save(step, write)
+    try:
+        learner.checkpoints.save(step, write)
+    # Disk full or an I/O error (torch.save reports a full disk as a RuntimeError): the partial write is gone.
+    except (OSError, RuntimeError) as exc:
+        previous, root = learner.checkpoints.latest(), learner.checkpoints.root
+        message = (
+            f"checkpoint step_{step} could not be written to {root} ({shutil.disk_usage(root).free} bytes free "
+            f"there): {type(exc).__name__}: {exc}; "
+            f"{f'{previous.name} is intact and latest names it' if previous else 'there is no earlier checkpoint'}"
+        )
+        if learner.cfg.checkpoint.on_write_error == "stop":
+            raise CheckpointWriteError(message + " (checkpoint.on_write_error = 'stop')") from exc
+        warnings.warn(message + "; training goes on (checkpoint.on_write_error = 'continue')", RuntimeWarning, 2)
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written and `checkpoint.on_write_error` is 'stop'."""
 
 
 async def train_on_batch(
@@ -106,6 +126,9 @@ async def train_on_batch(
     rollout_is_behaviour: the batch was sampled by older weights (asynchronous training), so the rollout logprobs
     are the behaviour policy of the PPO ratio.
     """
+    skipped = _nonfinite_inputs(learner, batch)
+    if skipped is not None:
+        return skipped, 0.0
     cfg, alg = learner.cfg, learner.cfg.algorithm
     temperature = cfg.rollout.sampling.temperature or 1.0
     # Rewards -> shaped rewards (length terms, KL in reward mode) -> critic values (gae) -> advantages.
@@ -131,6 +154,21 @@ async def train_on_batch(
     state_metrics = learner.algo.after_update({**adv_metrics, **update_metrics}, len(batch))
     reference.maybe_refresh(learner.ref, learner.policy, alg, step + 1)
     return {**adv_metrics, **update_metrics, **state_metrics}, time.perf_counter() - t0
+
+
+def _nonfinite_inputs(learner: Learner, batch: TokenBatch) -> dict[str, float] | None:
+    """NaN/inf in the batch's rewards or rollout logprobs (on trained tokens): the step's update is skipped, or the
+    run halts (`algorithm.on_nonfinite`), naming the culprit; None when all are finite."""
+    checks = [
+        ("health/nonfinite_rewards", "reward", batch.token_rewards, None),
+        ("health/nonfinite_rollout_logprobs", "rollout logprob", batch.rollout_logp, batch.mask),
+    ]
+    found = {key: nonfinite_entries(name, values, where) for key, name, values, where in checks if values is not None}
+    bad = {key: entry for key, entry in found.items() if entry[0]}
+    if not bad:
+        return None
+    learner.algo.guard.reject("; ".join(description for _, description in bad.values()), "updates")
+    return {**{key: float(count) for key, (count, _) in bad.items()}, "health/skipped_update": 1.0}
 
 
 def _update(learner: Learner, batch: TokenBatch, temperature: float, rollout_is_behaviour: bool) -> dict[str, float]:

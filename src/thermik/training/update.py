@@ -8,6 +8,7 @@ row.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -133,6 +134,14 @@ def _backward(policy: torch.nn.Module, mini: TokenBatch, setup: LossSetup, acc: 
     return mini_loss
 
 
+def _nonfinite_grad(policy: torch.nn.Module) -> str:
+    """The name of the first parameter whose gradient holds NaN/inf (asked only when the norm is not finite)."""
+    for name, param in policy.named_parameters():
+        if param.grad is not None and not bool(torch.isfinite(param.grad).all()):
+            return f"first in {name}"
+    return "norm"
+
+
 def policy_update(
     policy: torch.nn.Module,
     ref: torch.nn.Module | None,
@@ -158,9 +167,13 @@ def policy_update(
     for m_index, mini in enumerate(_mini_batches(batch, setup.mini_batches, old_all, ref_all)):
         optimizer.zero_grad(set_to_none=True)
         mini_loss = _backward(policy, mini, setup, acc, stepped=m_index > 0)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), setup.max_grad_norm))
-        taken = guard.ok(mini_loss, grad_norm)
+        params = [p for p in policy.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        grad_norm = float(norm)
+        # The culprit is looked up before clipping: clipping by a NaN norm would make every gradient NaN.
+        taken = guard.ok(mini_loss, grad_norm, "" if math.isfinite(grad_norm) else _nonfinite_grad(policy))
         if taken:
+            torch.nn.utils.clip_grads_with_norm_(params, setup.max_grad_norm, norm)
             optimizer.step()
             scheduler.step()
         else:  # a NaN/inf step is not taken: parameters, optimizer state and schedule stay as they were

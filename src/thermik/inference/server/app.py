@@ -21,6 +21,7 @@ from thermik.inference.server import outputs, streaming
 from thermik.inference.server.chat_render import render_chat
 from thermik.inference.server.errors import ApiError, error_body
 from thermik.inference.server.protocol import (
+    MAX_GENERATIONS,
     ChatCompletionRequest,
     CompletionRequest,
     UpdateWeightsRequest,
@@ -74,6 +75,11 @@ class OpenAIServer:
     ) -> list[tuple[list[int], SamplingParams]]:
         """n engine requests per prompt, checked; `param`/`prompt_param` name the fields in errors."""
         self._check_model(body)
+        if len(prompts) * body.n > MAX_GENERATIONS:
+            raise ApiError(
+                400, f"{len(prompts)} prompts x n={body.n} = {len(prompts) * body.n} generations; one request may ask "
+                f"for at most {MAX_GENERATIONS}: split it", prompt_param, "too_many_generations",
+            )  # fmt: skip
         self._check_ids(body.stop_token_ids, "stop_token_ids")
         for prompt in prompts:
             if not prompt:
@@ -326,13 +332,14 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None
-    first = errors[0]
+    # A value our own validators refused says more than "matches none of the accepted forms" of a union.
+    first = next((e for e in errors if e.get("type") == "value_error"), errors[0])
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', 'decode error')}", None
     path, tag = _split_loc(tuple(first.get("loc", ())))
     param = ".".join(path) or None
     message = f"{param or 'body'}: {first.get('msg', 'invalid')}"
-    if tag is not None:
+    if tag is not None and first.get("type") != "value_error":
         tags = sorted({t for e in errors if (t := _split_loc(tuple(e.get("loc", ())))[1])})
         message = f"{param}: matches none of the accepted forms ({', '.join(tags)}); e.g. {first.get('msg')}"
     elif len(errors) > 1:

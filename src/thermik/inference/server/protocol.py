@@ -10,15 +10,41 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]
 MAX_N = 64
 MAX_TOP_LOGPROBS = 20
+MAX_GENERATIONS = 256
+"""Generations one request may queue (prompts x n): one request must not monopolize the engine."""
+
+
+def lone_surrogate(value: Any) -> bool:
+    """True when a string inside `value` holds a lone UTF-16 surrogate (JSON's `"\\ud800"`): no tokenizer can
+    encode it, so it is the request's fault."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(lone_surrogate(k) or lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(lone_surrogate(v) for v in value)
+    return False
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*")
+    @classmethod
+    def _no_lone_surrogates(cls, v: Any) -> Any:
+        if lone_surrogate(v):
+            raise ValueError("the text holds a lone UTF-16 surrogate (e.g. \\ud800), which is not valid Unicode")
+        return v
 
 
 class StreamOptions(_Body):
@@ -52,8 +78,18 @@ class ChatMessage(_Body):
 class FunctionDef(_Body):
     name: str = Field(min_length=1)
     description: str = ""
-    parameters: dict[str, Any] = Field(default_factory=dict)
+    parameters: dict[str, Any] = Field(default_factory=dict, description="A JSON Schema (checked as one).")
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _json_schema(cls, v: dict[str, Any]) -> dict[str, Any]:
+        try:
+            jsonschema.validators.validator_for(v, default=jsonschema.Draft202012Validator).check_schema(v)
+        except jsonschema.SchemaError as exc:
+            where = "/".join(map(str, exc.absolute_path)) or "the top level"
+            raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
+        return v
 
 
 class ToolDef(_Body):

@@ -1,0 +1,131 @@
+"""Consistency guards of the local run mode: they stop the run, naming the guard, before a silent mismatch between
+the engine and the trainer corrupts training.
+
+- Weight checksum, after every weight sync: each tensor the sync sent and the engine's tensor of that name get an
+  exact checksum (the wrapping sum of each element's mixed raw bits, in the engine's dtype). Integer sums are
+  order-independent, so fused or strided engine tensors checksum like the trainer's; a changed element changes
+  the sum (barring a 2^-32 collision); swapped elements do not. A few integer passes over the weights.
+- Logprob parity probe, every k steps: the engine samples a few tokens after a fixed probe prompt; the trainer
+  scores the same tokens; the largest absolute logprob difference must stay under a threshold.
+
+Engines without in-process weights (remote, vLLM) cannot be checksummed here: that guard then warns once and skips.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from thermik.config.schema import GuardsConfig
+from thermik.inference.base import InferenceEngine, SamplingParams
+from thermik.training.batch import token_logprobs
+
+PROBE_TEXT = "thermik parity probe: 3 + 4 = 7; reverse 'abc' -> 'cba'."
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_MIX = (-1640531535, 16, -2048144789)  # 0x9E3779B1, a shift, 0x85EBCA6B (as int32)
+
+
+class ConsistencyError(RuntimeError):
+    """The engine and the trainer disagree; the message names the guard."""
+
+
+@torch.no_grad()
+def checksum(tensor: torch.Tensor) -> int:
+    """Each element's raw bits through an integer mix (multiply, xor-shift, multiply), summed with wrap-around: exact
+    and order-independent, and a structured change (a tensor scaled by a power of two, negated) does not cancel out
+    as it does in a plain sum of the bits. 32-bit arithmetic: ten times faster on CPU than 64-bit."""
+    flat = tensor.detach().contiguous().reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.to(torch.uint8)
+    bits = flat.view(_BITS[flat.element_size()])
+    h = bits.to(torch.int32) if bits.element_size() < 4 else bits.clone()
+    first, shift, second = _MIX
+    h *= first
+    h ^= h >> shift
+    h *= second
+    return int(h.sum(dtype=h.dtype))
+
+
+def weight_mismatches(sent: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of the tensors the engine does not hold as sent (each compared in the engine tensor's dtype)."""
+    bad = []
+    for name, tensor in sent.items():
+        mine = held.get(name)
+        if mine is None:
+            bad.append(f"{name} (absent in the engine)")
+        elif checksum(tensor.to(device=mine.device, dtype=mine.dtype)) != checksum(mine):
+            bad.append(name)
+    return bad
+
+
+def engine_state(engine: InferenceEngine) -> Mapping[str, torch.Tensor] | None:
+    """The engine's weights by name when they live in this process (embedded, HF engines), else None."""
+    model = getattr(engine, "model", None)
+    return model.state_dict() if isinstance(model, torch.nn.Module) else None
+
+
+async def parity_gap(engine: InferenceEngine, policy: torch.nn.Module, probe: list[int], tokens: int) -> float:
+    """Largest |engine logprob - trainer logprob| over `tokens` tokens the engine samples (seeded) after `probe`."""
+    gen = await engine.generate(probe, SamplingParams(max_tokens=tokens, temperature=1.0, seed=0))
+    ids = torch.tensor([probe + list(gen.token_ids)], device=next(policy.parameters()).device)
+    was_training = policy.training
+    policy.eval()
+    try:
+        with torch.no_grad():
+            logp, _ = token_logprobs(policy, ids, torch.ones_like(ids), 1.0)
+    finally:
+        policy.train(was_training)
+    trainer = logp[0, len(probe) - 1 :].double().cpu()
+    return float((trainer - torch.tensor(gen.logprobs, dtype=torch.float64)).abs().max())
+
+
+class ConsistencyGuards:
+    """The guards a weight sync runs; built once per run from `GuardsConfig`."""
+
+    def __init__(self, cfg: GuardsConfig, probe_ids: list[int]) -> None:
+        self.cfg, self.probe_ids = cfg, probe_ids
+        self._warned = False
+
+    async def after_sync(
+        self, engine: InferenceEngine, policy: torch.nn.Module, sent: Mapping[str, torch.Tensor], step: int
+    ) -> dict[str, float]:
+        """Run the guards due after the sync that ended `step` (0-based); raise ConsistencyError on a mismatch."""
+        metrics: dict[str, Any] = {}
+        if self.cfg.weight_checksum:
+            t0 = time.perf_counter()
+            self._check_weights(engine, sent)
+            metrics["guards/weight_checksum_s"] = time.perf_counter() - t0
+        if self.cfg.parity_every and (step + 1) % self.cfg.parity_every == 0:
+            t0 = time.perf_counter()
+            gap = await parity_gap(engine, policy, self.probe_ids, self.cfg.parity_tokens)
+            metrics |= {"guards/parity_max_abs_diff": gap, "guards/parity_s": time.perf_counter() - t0}
+            if not gap <= self.cfg.parity_max_abs_diff:  # NaN fails too
+                raise ConsistencyError(
+                    f"logprob parity probe guard (guards.parity_every): after step {step + 1} the engine and the "
+                    f"trainer give the probe's tokens logprobs {gap:.4g} apart (limit guards.parity_max_abs_diff = "
+                    f"{self.cfg.parity_max_abs_diff:g}): the engine is not running the trainer's weights"
+                )
+        return metrics
+
+    def _check_weights(self, engine: InferenceEngine, sent: Mapping[str, torch.Tensor]) -> None:
+        held = engine_state(engine)
+        if held is None:
+            if not self._warned:
+                warnings.warn(
+                    f"guards.weight_checksum: {type(engine).__name__} holds no weights in this process; not checked",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                self._warned = True
+            return
+        bad = weight_mismatches(sent, held)
+        if bad:
+            raise ConsistencyError(
+                f"weight checksum guard (guards.weight_checksum): after the sync to version {engine.weight_version} "
+                f"the engine holds {len(bad)} of {len(sent)} tensors unlike the trainer sent them, first "
+                f"{', '.join(bad[:3])}: a stale or corrupted engine weight"
+            )

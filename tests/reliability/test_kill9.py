@@ -1,0 +1,53 @@
+"""Issue 18: kill -9 of `thermik rl` during generation, the update, a checkpoint write and an MCP call, each
+followed by a resume; the end state must equal an uninterrupted seeded run (kill_suite.py holds the machinery).
+
+Bounded in CI: one kill per phase in one chain (about 2 minutes on 2 shared cores). `RELIABILITY_FULL=1` runs
+RELIABILITY_KILLS kills (default 20); `python tests/reliability/kill_suite.py --kills 20` prints the figures.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import run_thermik
+from kill_suite import PHASES, STEPS, rl_args, run_suite, write_data
+
+from thermik.monitor.metrics import read_metrics
+
+
+@pytest.mark.slow
+def test_kill9_at_random_moments_then_resume_equals_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    full = os.environ.get("RELIABILITY_FULL") == "1"
+    kills = int(os.environ.get("RELIABILITY_KILLS", "20")) if full else len(PHASES)
+    figures = run_suite(tiny_model_dir, tmp_path, kills, seed=18)
+    print(figures)
+    assert figures["kills"] == kills
+    assert all(figures["kills_by_phase"][p] >= 1 for p in PHASES), figures["kills_by_phase"]
+    assert figures["corrupt_checkpoints"] == 0 and figures["leaked_mcp_servers"] == 0
+    assert figures["samples_lost"] == 0 and figures["samples_repeated"] == 0
+    assert figures["steps_logged_ok"], f"every step 1..{STEPS} logged exactly once"
+    assert figures["weights_identical_chains"] == figures["chains"], figures["weights_max_abs_diff"]
+    assert figures["metrics_max_abs_diff"] == 0.0
+    assert figures["resumed_runs_matching"] == figures["chains"]
+
+
+@pytest.mark.slow
+def test_a_start_from_scratch_drops_the_metrics_of_an_earlier_attempt(tiny_model_dir, tmp_path):
+    """Found by the suite: a run killed before its first checkpoint restarted from scratch and logged its steps
+    a second time after the killed attempt's."""
+    write_data(tmp_path)
+    args = [
+        *rl_args(tiny_model_dir, tmp_path, "twice"),
+        "--trainer.steps",
+        "2",
+        "--checkpoint.resume",
+        "false",
+        "--env.name",
+        "reverse_text",
+    ]
+    for _ in range(2):
+        proc = run_thermik(*args, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [r["step"] for r in read_metrics(tmp_path / "twice") if "time/step" in r]
+    assert steps == [1, 2]

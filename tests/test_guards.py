@@ -1,0 +1,102 @@
+"""Issue 18: consistency guards of the local mode. A real `thermik rl` loop in this process on the tiny model; a
+stale or corrupted engine weight is injected into the real embedded engine and the run must stop naming the guard."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+import torch
+from conftest import short_rl_config
+
+from thermik.monitor.metrics import read_metrics
+from thermik.runs.local import LocalMode, setup
+from thermik.runs.loop import rl_plan, run_loop
+from thermik.training.consistency import ConsistencyError, checksum, weight_mismatches
+
+TENSOR = "model.layers.0.mlp.down_proj.weight"
+
+
+def _run(tmp_path, model_dir, tamper: Callable | None = None, **guards) -> dict:
+    cfg = short_rl_config(
+        tmp_path, model_dir, "guards", "reverse_text", train_rows=16, eval_rows=2,
+        trainer={"steps": 3, "prompts_per_step": 2, "group_size": 2}, algorithm={"entropy_coef": 0.01},
+        eval={"before": False, "size": 2}, guards=guards,
+    )  # fmt: skip
+
+    async def go() -> dict:
+        run = setup(cfg)
+        mode = LocalMode(run)
+        if tamper is not None:
+            tamper(run.rollout.engine)
+        try:
+            return await run_loop(mode, run, rl_plan(cfg, "guards"))
+        finally:
+            await mode.stop()
+            await run.close()
+
+    return asyncio.run(go())
+
+
+def _stale(engine) -> None:
+    """The sync never delivers TENSOR: the engine keeps its first version of it."""
+    first, update = engine.model.state_dict()[TENSOR].clone(), engine.update_weights
+
+    async def stale_update(state):
+        return await update({**state, TENSOR: first})
+
+    engine.update_weights = stale_update
+
+
+def _corrupt(name: str) -> Callable:
+    def tamper(engine) -> None:
+        update = engine.update_weights
+
+        async def corrupting_update(state):
+            version = await update(state)
+            with torch.no_grad():
+                engine.model.state_dict()[name].mul_(8.0)  # in place: the engine's own storage
+            return version
+
+        engine.update_weights = corrupting_update
+
+    return tamper
+
+
+def test_checksum_is_exact_and_layout_independent():
+    t = torch.randn(64, 32)
+    assert checksum(t) == checksum(t.t().contiguous().t()) == checksum(t.clone())
+    bumped = t.clone()
+    bumped[3, 7] = torch.nextafter(bumped[3, 7], torch.tensor(10.0))  # one ulp
+    assert checksum(bumped) != checksum(t)
+    assert weight_mismatches({"a": t, "b": t}, {"a": t.to(torch.bfloat16), "b": bumped.to(torch.bfloat16)}) in (
+        ["b"],
+        [],  # one ulp of float32 may vanish in bfloat16
+    )
+    assert weight_mismatches({"a": t}, {}) == ["a (absent in the engine)"]
+    # A plain wrapping sum of the bits misses these: every element changes by the same multiple of 2^23 / 2^31.
+    w = torch.randn(512, 256)
+    assert len({checksum(w), checksum(w * 8), checksum(-w), checksum(w.to(torch.bfloat16) * 2)}) == 4
+
+
+def test_a_healthy_run_passes_both_guards(tmp_path, tiny_model_dir):
+    out = _run(tmp_path, tiny_model_dir, parity_every=1)
+    rows = [r for r in read_metrics(tmp_path / "guards" / "metrics.jsonl") if "guards/parity_max_abs_diff" in r]
+    assert len(rows) == 3 and all(r["guards/parity_max_abs_diff"] < 1e-3 for r in rows), rows
+    assert out is not None
+
+
+def test_a_stale_engine_weight_stops_the_run_at_the_checksum_guard(tmp_path, tiny_model_dir):
+    with pytest.raises(ConsistencyError, match=f"weight checksum guard .*1 of \\d+ tensors .*{TENSOR}"):
+        _run(tmp_path, tiny_model_dir, _stale)
+
+
+def test_a_corrupted_engine_tensor_stops_the_run_at_the_checksum_guard(tmp_path, tiny_model_dir):
+    with pytest.raises(ConsistencyError, match=f"weight checksum guard .*{TENSOR}"):
+        _run(tmp_path, tiny_model_dir, _corrupt(TENSOR))
+
+
+def test_without_the_checksum_the_parity_probe_catches_the_corruption(tmp_path, tiny_model_dir):
+    with pytest.raises(ConsistencyError, match=r"logprob parity probe guard .*after step 1"):
+        _run(tmp_path, tiny_model_dir, _corrupt("model.norm.weight"), weight_checksum=False, parity_every=1)
