@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 import urllib.request
@@ -133,6 +135,15 @@ def _file_steps(run: Path) -> int:
     return len(steps)
 
 
+@contextlib.contextmanager
+def paused(process: subprocess.Popen) -> Iterator[None]:
+    process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGCONT)
+
+
 def _wait(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -166,10 +177,14 @@ def test_page_in_chromium_while_a_run_trains(browser, tiny_model_dir: Path, tmp_
         _wait(lambda: (run / "metrics.jsonl").exists() and _file_steps(run) >= 2, 240, "two training steps")
         browser.get(url + "/")
         points = "return window.thermikCharts.reward ? window.thermikCharts.reward.plot.data[0].length : -1"
-        first = _wait(lambda: (n := browser.execute_script(points)) > 0 and n == _file_steps(run) and n, 30,
-                      "the reward chart to show every step of metrics.jsonl")  # fmt: skip
-        _wait(lambda: browser.execute_script(points) > first and browser.execute_script(points) == _file_steps(run),
-              120, "the chart to gain the steps the run writes")  # fmt: skip
+        # The run is paused (SIGSTOP) while the chart is compared with metrics.jsonl: a run writing a step every
+        # fraction of a second would otherwise race the page's polling.
+        with paused(train):
+            first = _wait(lambda: (n := browser.execute_script(points)) > 0 and n == _file_steps(run) and n, 30,
+                          "the reward chart to show every step of metrics.jsonl")  # fmt: skip
+        _wait(lambda: _file_steps(run) > first, 120, "the run to write more steps")
+        with paused(train):
+            _wait(lambda: browser.execute_script(points) == _file_steps(run), 30, "the chart to gain the new steps")
         assert train.poll() is None, "the run should still be training"
 
         from selenium.webdriver.common.by import By

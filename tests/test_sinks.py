@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import time
 from pathlib import Path
 
@@ -65,3 +66,13 @@ def test_wandb_offline_run_dir_holds_the_metrics(tmp_path: Path, monkeypatch: py
     while len(history := wandb_history(path)) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)  # wandb's service process may still be writing the file after finish() returns
     assert [(h["_step"], h["reward/mean"], h["policy/kl"]) for h in history] == [(1, 0.25, 0.01), (2, 0.5, 0.02)]
+
+
+@pytest.fixture(autouse=True)
+def _stop_wandb_service():
+    """wandb leaves its service process (wandb-core) running in this process until teardown; later tests check
+    that nothing they start outlives them, so stop it here."""
+    yield
+    wandb = sys.modules.get("wandb")
+    if wandb is not None:
+        wandb.teardown()
