@@ -19,7 +19,7 @@ from thermik.rollout.context import RolloutContext, evaluate_held_out
 from thermik.rollout.group_producer import GroupProducer
 from thermik.rollout.trajectory import Trajectory
 from thermik.runs.build import Run, build_run
-from thermik.runs.loop import rl_plan, run_loop
+from thermik.runs.loop import Mode, rl_plan, run_loop
 from thermik.runs.record import Recorder
 from thermik.runs.step import Rollout, learner_update, make_rollout, rl_step, sample_rollout
 from thermik.training import components
@@ -29,7 +29,7 @@ from thermik.training.learner import Learner, save_checkpoint
 __all__ = ["LocalMode", "run_rl", "setup"]
 
 
-class LocalMode:
+class LocalMode(Mode):
     """The StepHalves and loop hooks of a single-process run."""
 
     def __init__(self, run: Run) -> None:
@@ -88,9 +88,6 @@ class LocalMode:
 
     def save(self, step: int) -> None:
         save_checkpoint(self.learner, step, {"sampler": self.rollout_ctx.sampler.state_dict()})
-
-    def done(self, step: int, metrics: dict[str, float]) -> bool:
-        return False
 
     async def stop(self) -> None:
         if self.producer is not None:

@@ -34,13 +34,25 @@ class LoopPlan:
 
 
 class Mode(Protocol):
-    async def start(self) -> None: ...
+    """The hooks the loop calls. A mode subclasses this and overrides what it does; the rest are no-ops."""
+
     async def step(self, step: int) -> dict[str, float]: ...
     async def evaluate(self, label: str) -> EvalResult: ...
-    def save(self, step: int) -> None: ...
-    def done(self, step: int, metrics: dict[str, float]) -> bool: ...  # stop early (SFT's held-out threshold)
-    async def stop(self) -> None: ...
-    def export(self) -> object: ...
+
+    async def start(self) -> None:
+        return None
+
+    def save(self, step: int) -> None:
+        return None
+
+    def done(self, step: int, metrics: dict[str, float]) -> bool:
+        return False  # stop early (SFT's held-out threshold)
+
+    async def stop(self) -> None:
+        return None
+
+    def export(self) -> object:
+        return None
 
 
 def rl_plan(cfg: RunConfig, title: str) -> LoopPlan:

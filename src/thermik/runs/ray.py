@@ -20,14 +20,14 @@ from thermik.distributed.launch import DistributedRun, start
 from thermik.rollout.context import RolloutContext, evaluate_held_out
 from thermik.rollout.evaluation import EvalResult
 from thermik.runs.build import Run, build_run, resume_logger
-from thermik.runs.loop import rl_plan, run_loop
+from thermik.runs.loop import Mode, rl_plan, run_loop
 from thermik.runs.step import Rollout, rl_step, sample_rollout
 from thermik.training import components
 from thermik.training.algo_state import AlgorithmState
 from thermik.training.shaping import assign_advantages
 
 
-class RayMode:
+class RayMode(Mode):
     """The StepHalves and loop hooks of a run whose engines and trainer workers are Ray actors."""
 
     def __init__(self, run: Run, dist: DistributedRun) -> None:
@@ -65,12 +65,6 @@ class RayMode:
 
     def save(self, step: int) -> None:
         self.dist.trainer.save_checkpoint(step, {"step": step, "sampler": self.rollout_ctx.sampler.state_dict()})
-
-    def done(self, step: int, metrics: dict[str, float]) -> bool:
-        return False
-
-    async def stop(self) -> None:
-        return None
 
     def export(self) -> Path:
         """The trained policy in HF format (with tokenizer and chat template) at <run_dir>/export."""

@@ -15,14 +15,14 @@ from thermik.config.schema import InferenceConfig, SamplingConfig, SFTConfig
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, write_records
 from thermik.runs.build import Run, open_run
-from thermik.runs.loop import LoopPlan, run_loop
+from thermik.runs.loop import LoopPlan, Mode, run_loop
 from thermik.tasks.registry import generate_rows
 from thermik.training import components
 from thermik.training.optim import build_optimizer
 from thermik.training.sft import encode_all, load_conversations, save_model, sft_update
 
 
-class SFTMode:
+class SFTMode(Mode):
     """The loop hooks of `thermik sft`: one optimizer step per loop step, the held-out check as its evaluation."""
 
     def __init__(self, run: Run, cfg: SFTConfig) -> None:
@@ -37,9 +37,6 @@ class SFTMode:
         self.limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
         self.rng = random.Random(cfg.seed)
         self.result: dict[str, Any] = {"steps": 0, "success": None, "reward": None}
-
-    async def start(self) -> None:
-        return None
 
     async def step(self, step: int) -> dict[str, float]:
         batch = self.rng.sample(self.examples, min(self.cfg.batch_size, len(self.examples)))
@@ -59,15 +56,9 @@ class SFTMode:
         self.result.update(success=result.success, reward=result.reward)
         return result
 
-    def save(self, step: int) -> None:
-        return None  # the model is saved once, at the end
-
     def done(self, step: int, metrics: dict[str, float]) -> bool:
         value = self.result[self.cfg.stop_metric]
         return value is not None and value >= self.cfg.stop_at and step >= self.cfg.min_steps
-
-    async def stop(self) -> None:
-        return None
 
     def export(self) -> None:
         save_model(self.model, self.chat, self.cfg.run_dir / "model")

@@ -23,7 +23,7 @@ from thermik.rollout.evaluation import EvalResult
 from thermik.rollout.staleness import staleness_metrics, within_staleness
 from thermik.rollout.trajectory import Trajectory, dump_trajectories
 from thermik.runs.build import Run, build_run, resume_logger
-from thermik.runs.loop import LoopPlan, run_loop
+from thermik.runs.loop import LoopPlan, Mode, run_loop
 from thermik.runs.split_protocol import (
     META_FILE,
     TRAJECTORIES_FILE,
@@ -36,7 +36,7 @@ from thermik.runs.split_protocol import (
 from thermik.runs.step import Rollout, make_rollout, rl_step
 
 
-class OrchestratorMode:
+class OrchestratorMode(Mode):
     """The StepHalves and loop hooks of `thermik orchestrator`: weights from files in (at admission), batches out."""
 
     def __init__(self, run: Run, layout: SplitLayout) -> None:
@@ -84,26 +84,14 @@ class OrchestratorMode:
     async def sync_weights(self, step: int) -> dict[str, float]:
         return {}  # the next step's admission loads the trainer's newer weights
 
-    async def start(self) -> None:
-        return None
-
     async def step(self, step: int) -> dict[str, float]:
         return await rl_step(self, step)
 
     async def evaluate(self, label: str) -> EvalResult:
         return await evaluate_held_out(self.rollout_ctx, label, self.cfg.run_dir)
 
-    def save(self, step: int) -> None:
-        return None  # the orchestrator's state file is written every step
-
-    def done(self, step: int, metrics: dict[str, float]) -> bool:
-        return False
-
     async def stop(self) -> None:
         await load_new_weights(self, self.cfg.trainer.steps, 0)  # the trainer's final weights, for the evaluation
-
-    def export(self) -> None:
-        return None  # the trainer exports the policy
 
 
 def _remote_engine(cfg: RunConfig, run_chat: Any) -> RemoteEngine:

@@ -16,7 +16,7 @@ from thermik.config.schema import RunConfig
 from thermik.inference.weights import WEIGHTS_FILE, write_safetensors
 from thermik.rollout.evaluation import EvalResult
 from thermik.runs.build import Run, build_run
-from thermik.runs.loop import LoopPlan, run_loop
+from thermik.runs.loop import LoopPlan, Mode, run_loop
 from thermik.runs.split_protocol import (
     META_FILE,
     SplitLayout,
@@ -32,7 +32,7 @@ from thermik.training.batch import TokenBatch
 from thermik.training.learner import Learner, save_checkpoint
 
 
-class SplitTrainerMode:
+class SplitTrainerMode(Mode):
     """The StepHalves and loop hooks of `thermik trainer`: batches from files in, weight files out."""
 
     def __init__(self, run: Run, layout: SplitLayout) -> None:
@@ -58,9 +58,6 @@ class SplitTrainerMode:
         await asyncio.to_thread(publish_weights, self.learner, self.layout, step + 1)
         return {"weights/step": float(step + 1), "time/weight_sync": time.perf_counter() - t0}
 
-    async def start(self) -> None:
-        return None
-
     async def step(self, step: int) -> dict[str, float]:
         return await rl_step(self, step)
 
@@ -70,12 +67,6 @@ class SplitTrainerMode:
     def save(self, step: int) -> None:
         save_checkpoint(self.learner, step)
         prune_steps(self.layout.rollouts, step)  # a resumed trainer starts at `step`: older batches are never read
-
-    def done(self, step: int, metrics: dict[str, float]) -> bool:
-        return False
-
-    async def stop(self) -> None:
-        return None
 
     def export(self) -> Path:
         out = self.cfg.run_dir / "export"
