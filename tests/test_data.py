@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 
 from thermik.data.dataset import DatasetError, load_rows, read_jsonl, validate_row, write_jsonl, write_rows
+from thermik.data.problem_key import read_key
 from thermik.data.split import split_of
 from thermik.tasks.registry import GENERATORS, generate_rows, solve
+from thermik.tasks.word_problems.generate import EXPRESSIONS
 from thermik.tools.arith import evaluate
+from thermik.tools.parsers import format_hermes_tool_call
 
 
 def _row(**overrides) -> dict:
@@ -124,6 +127,19 @@ def test_calculator_rows_shape():
         assert row["prompt"][-1] == {"role": "user", "content": f"What is {expression}?"}
         assert row["reward_spec"]["ground_truth"] == evaluate(expression)
         assert len(row["prompt"][0]["content"]) < 60
+
+
+def test_word_problem_rows_take_their_numbers_from_the_question():
+    """Every number of the solver's expression is in the question, and the expression gives the ground truth."""
+    rows = generate_rows("word_problems", 300, seed=0)
+    assert sum(row["env_class"] == "word_problems" for row in rows) == 300
+    assert {read_key(row["extra_info"]["problem"])[0] for row in rows} == set(EXPRESSIONS)
+    for row in rows:
+        expression, question = row["extra_info"]["expression"], row["prompt"][-1]["content"]
+        assert evaluate(expression) == row["reward_spec"]["ground_truth"]
+        numbers = set(re.findall(r"\d+", question))
+        assert set(re.findall(r"\d+", expression)) - {"2", "3"} <= numbers, (expression, question)
+        assert solve(row)[2]["content"] == format_hermes_tool_call("calculate", {"expression": expression})
 
 
 def test_reverse_rows_shape():

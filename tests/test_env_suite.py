@@ -21,7 +21,7 @@ from thermik.tasks.registry import make_env as make
 from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import format_hermes_tool_call
 
-SUITE = ("gsm8k", "math_feedback", "text2sql", "search", "code")
+SUITE = ("gsm8k", "math_feedback", "text2sql", "search", "code", "word_problems")
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +88,7 @@ WRONG_FINAL: dict[str, str] = {
     "text2sql": "<sql>SELECT COUNT(*) FROM products WHERE price < 0</sql>",
     "search": "<answer>Atlantis</answer>",
     "code": "```python\ndef nothing():\n    return None\n```",
+    "word_problems": "<answer>999999</answer>",
 }
 
 
