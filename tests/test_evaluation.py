@@ -19,7 +19,7 @@ from thermik.data.dataset import write_rows
 from thermik.inference.base import Generation, SamplingParams
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits
-from thermik.rollout.evaluation import engine_player, evaluate, pass_at_k
+from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, pass_at_k, summarize
 from thermik.rollout.failures import classify
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.tasks.registry import generate_rows, solve
@@ -42,6 +42,28 @@ def test_pass_at_k_equals_the_fraction_of_k_subsets_holding_a_success() -> None:
         assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / comb(n, k))
     with pytest.raises(ValueError, match="needs at least 4 samples"):
         pass_at_k(3, 1, 4)
+
+
+def test_success_standard_error_is_binomial_over_problems() -> None:
+    records = [
+        {
+            "problem": i,
+            "score": float(i % 4 == 0),
+            "num_turns": 1,
+            "failure": None,
+            "env_class": "e",
+            "data_source": "d",
+        }
+        for i in range(200)
+    ]
+    result = summarize(records, k=1)
+    assert result.success == 0.25 and result.problems == 200
+    assert result.success_se == pytest.approx((0.25 * 0.75 / 200) ** 0.5)
+    # k samples per problem: the problems, not the samples, are the unit (a conservative standard error)
+    assert EvalResult(success=0.5, reward=0.5, turns=1.0, n=800, k=4, problems=200).success_se == pytest.approx(
+        (0.25 / 200) ** 0.5
+    )
+    assert EvalResult(success=1.0, reward=1.0, turns=1.0, n=0).success_se == 0.0
 
 
 def test_classify_names_each_category() -> None:

@@ -53,6 +53,13 @@ class EvalResult:
     skipped: int = 0
     breakdown: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def success_se(self) -> float:
+        """Standard error of `success` over the problems: sqrt(p(1-p)/problems), the binomial one at k=1 (with k
+        samples per problem, pass@1 averages k draws per problem, so treating problems as the unit is conservative)."""
+        units = self.problems or self.n
+        return math.sqrt(self.success * (1 - self.success) / units) if units else 0.0
+
     def as_metrics(self, prefix: str = "eval") -> dict[str, float]:
         keys = ("success", "reward", "turns", "n", "skipped")
         return {f"{prefix}/{k}": float(getattr(self, k)) for k in keys} | {

@@ -132,9 +132,9 @@ def _as_dict(result: EvalResult | None) -> dict[str, Any] | None:
 
 def print_summary(cfg: RunConfig, before: EvalResult | None, after: EvalResult) -> None:
     rows = [
-        [label, f"{r.success:.3f}", f"{r.reward:.3f}", f"{r.turns:.2f}", str(r.n)]
+        [label, f"{r.success:.3f} ± {r.success_se:.3f}", f"{r.reward:.3f}", f"{r.turns:.2f}", str(r.n)]
         for label, r in (("before", before), ("after", after))
         if r is not None
     ]
     title = f"held-out {cfg.env.name} (temperature {cfg.eval.temperature})"
-    print_table(title, ["policy", "success", "mean reward", "mean turns", "n"], rows)
+    print_table(title, ["policy", "success ± s.e.", "mean reward", "mean turns", "n"], rows)
