@@ -22,12 +22,26 @@ class Section(BaseModel):
 class ModelConfig(Section):
     path: str = Field("runs/models/qwen2-1m", description="Local HF model directory (weights + tokenizer).")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
+    train_precision: Literal["float32", "bf16-mixed", "auto"] = Field(
+        "float32", description="Trainer arithmetic: 'float32', 'bf16-mixed' (forward and backward under bfloat16 "
+        "autocast; float32 weights, AdamW state and logprobs) or 'auto' (bf16-mixed where the CPU reports AMX-BF16 or "
+        "AVX512-BF16, or the GPU supports bfloat16). Mixed precision needs dtype 'float32' (docs/models.md)."
+    )  # fmt: skip
     device: str = Field("cpu", description="torch device for trainer and embedded engine ('cpu', 'cuda', 'cuda:0').")
     seed: int = Field(0, description="Seed for weights initialisation of new heads and for torch RNGs.")
     chat_template: str = Field(
         "", description="A jinja chat template file replacing the model's own (e.g. one that renders tools); empty "
         "keeps the model's. A template that ignores tools gets them in the system message (docs/models.md)."
     )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _mixed_needs_float32(self) -> ModelConfig:
+        if self.train_precision != "float32" and self.dtype != "float32":
+            raise ValueError(
+                f"model.train_precision {self.train_precision!r} keeps float32 master weights: set model.dtype "
+                f"'float32' (got {self.dtype!r}), or train_precision 'float32' to train in {self.dtype} directly"
+            )
+        return self
 
 
 class SamplingConfig(Section):

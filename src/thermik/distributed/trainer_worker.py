@@ -21,6 +21,7 @@ from thermik.training import components
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
 from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer
+from thermik.training.precision import autocast_dtype
 from thermik.training.update import policy_update
 
 
@@ -50,6 +51,7 @@ class TrainerWorker:
         self.dist_cfg: DistributedConfig = cfg.distributed
         components.seed_everything(cfg.seed)
         self.model, self.chat = components.load_policy(cfg.model)
+        self.autocast = autocast_dtype(cfg.model)
         self.ref: torch.nn.Module | None = None
         if cfg.algorithm.kl_coef > 0:
             self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -82,7 +84,7 @@ class TrainerWorker:
             if value is not None:
                 setattr(batch, name, value.to(self.device))
         self.policy.set_grad_scales(shard.grad_scales)
-        setup = LossSetup.from_config(alg, trainer, temperature)
+        setup = LossSetup.from_config(alg, trainer, temperature, autocast=self.autocast)
         return policy_update(self.policy, self.ref, batch, setup, self.optimizer, self.scheduler)
 
     def grads(self) -> dict[str, torch.Tensor]:

@@ -19,6 +19,7 @@ from thermik.runs.loop import LoopPlan, Mode, run_loop
 from thermik.tasks.registry import generate_rows
 from thermik.training import components
 from thermik.training.optim import build_optimizer
+from thermik.training.precision import autocast_dtype
 from thermik.training.sft import encode_all, load_conversations, save_model, sft_update
 
 
@@ -30,6 +31,7 @@ class SFTMode(Mode):
         self.run, self.cfg, self.model, self.chat = run, cfg, run.policy, run.chat
         self.examples = encode_all(self.chat, load_conversations(cfg.train_path), cfg.max_length, cfg.env.render_tools)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optimizer)
+        self.autocast = autocast_dtype(cfg.model)
         # The held-out check samples with the current weights, pushed into an engine of its own.
         self.engine = components.build_engine(self.model, self.chat, InferenceConfig(seed=cfg.seed))
         self.make_env = components.env_factory(cfg.env, run.pool)
@@ -42,7 +44,8 @@ class SFTMode(Mode):
         batch = self.rng.sample(self.examples, min(self.cfg.batch_size, len(self.examples)))
         pad = self.chat.tokenizer.pad_token_id or 0
         self.result["steps"] = step + 1
-        return sft_update(self.model, batch, pad, self.optimizer, self.scheduler, self.cfg.optimizer.max_grad_norm)
+        opt = self.cfg.optimizer
+        return sft_update(self.model, batch, pad, self.optimizer, self.scheduler, opt.max_grad_norm, self.autocast)
 
     async def evaluate(self, label: str) -> EvalResult:
         await self.engine.update_weights(self.model.state_dict())

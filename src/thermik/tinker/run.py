@@ -17,6 +17,7 @@ from thermik.tinker.sampler import Samplers
 from thermik.tinker.service import Service
 from thermik.tinker.store import Store
 from thermik.tinker.trainer import Trainer
+from thermik.training.precision import autocast_dtype
 
 KEEP_ALIVE_S = 75  # longer than the SDK's 45 s long polls, so pooled connections stay open
 
@@ -35,7 +36,7 @@ class Built:
 def build(cfg: TinkerConfig) -> Built:
     directory = model_directory(cfg.model.path)
     state = Path(cfg.service.state_dir)
-    trainer = Trainer(directory, cfg.model.dtype, cfg.model.device)
+    trainer = Trainer(directory, cfg.model.dtype, cfg.model.device, autocast_dtype(cfg.model))
     samplers = Samplers(trainer.plain, load_tokenizer(directory), cfg.service.max_sampler_engines, cfg.model.seed)
     service = Service(Store(state / "tinker.sqlite"), trainer, samplers, cfg.service.num_threads)
     served = Served(

@@ -21,6 +21,7 @@ from thermik.atomic import publish_dir
 from thermik.models.loading import load_model
 from thermik.tinker.losses import compute_loss
 from thermik.tinker.wire import Datum
+from thermik.training.precision import train_autocast
 
 LORA_ALPHA = 32.0  # Tinker scales every rank's update by a fixed alpha
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -57,12 +58,16 @@ def lora_targets(lora: dict[str, Any]) -> list[str]:
 
 
 class Trainer:
-    def __init__(self, model_dir: Path, dtype: str = "float32", device: str = "cpu") -> None:
+    def __init__(
+        self, model_dir: Path, dtype: str = "float32", device: str = "cpu", autocast: torch.dtype | None = None
+    ) -> None:
+        """autocast: bfloat16 runs forward_backward in mixed precision (thermik.training.precision)."""
         base = load_model(model_dir, dtype=dtype, device=device).requires_grad_(False)
         self.plain = copy.deepcopy(base)  # never wrapped: sampler engines start from copies of it
         self.vocab_size = int(base.get_input_embeddings().weight.shape[0])
         self.max_len = int(base.config.max_position_embeddings)
         self.device = next(base.parameters()).device
+        self.autocast = autocast
         self._base = base
         self.peft: PeftModel | None = None
         self.adapters: dict[str, Adapter] = {}
@@ -108,7 +113,8 @@ class Trainer:
         mask = torch.stack([torch.arange(width) < len(d.tokens) for d in data]).float().to(self.device)
         inputs = {k: pad(k, torch.float32) for k in ("weights", "logprobs", "advantages") if k in data[0].inputs}
         with torch.set_grad_enabled(not forward_only):
-            logits = model(input_ids=tokens, attention_mask=mask.long()).logits.float()
+            with train_autocast(model, self.autocast):
+                logits = model(input_ids=tokens, attention_mask=mask.long()).logits.float()
             logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
             result = compute_loss(loss_fn, config, logp, inputs, mask)
             if not forward_only:

@@ -27,6 +27,7 @@ from thermik.training.checkpoint import CheckpointManager, load_training_state, 
 from thermik.training.critic import Critic
 from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer
+from thermik.training.precision import autocast_dtype
 from thermik.training.shaping import assign_advantages
 from thermik.training.update import logprobs_no_grad, policy_update
 
@@ -48,6 +49,7 @@ class Learner:
     critic: Critic | None = None  # advantage "gae" only
     start_step: int = 0
     update_threads: int = 0  # torch threads of the update thread; 0 inherits
+    autocast: torch.dtype | None = None  # model.train_precision resolved once (training/precision.py)
 
 
 def build_learner(cfg: RunConfig, policy: torch.nn.Module, chat: ChatTokenizer, update_threads: int = 0) -> Learner:
@@ -64,6 +66,7 @@ def build_learner(cfg: RunConfig, policy: torch.nn.Module, chat: ChatTokenizer, 
         algo=AlgorithmState.from_config(cfg.algorithm),
         critic=_build_critic(cfg),
         update_threads=update_threads,
+        autocast=autocast_dtype(cfg.model),
     )
 
 
@@ -133,11 +136,8 @@ async def train_on_batch(
     temperature = cfg.rollout.sampling.temperature or 1.0
     # Rewards -> shaped rewards (length terms, KL in reward mode) -> critic values (gae) -> advantages.
     reward_kl = learner.ref is not None and alg.kl_mode == "reward"
-    ref_logp = (
-        logprobs_no_grad(learner.ref, batch, cfg.trainer.micro_batch_size, temperature, cfg.trainer.shared_prefix)
-        if reward_kl
-        else None
-    )
+    fwd = (cfg.trainer.micro_batch_size, temperature, cfg.trainer.shared_prefix, learner.autocast)
+    ref_logp = logprobs_no_grad(learner.ref, batch, *fwd) if reward_kl else None
     values = None if learner.critic is None else learner.critic.values(batch)
     adv_metrics = assign_advantages(
         batch,
@@ -176,7 +176,9 @@ def _update(learner: Learner, batch: TokenBatch, temperature: float, rollout_is_
     if learner.update_threads:
         torch.set_num_threads(learner.update_threads)  # this worker thread only (OpenMP thread counts are per thread)
     cfg = learner.cfg
-    setup = LossSetup.from_config(cfg.algorithm, cfg.trainer, temperature, kl_coef=learner.algo.kl.value)
+    setup = LossSetup.from_config(
+        cfg.algorithm, cfg.trainer, temperature, kl_coef=learner.algo.kl.value, autocast=learner.autocast
+    )
     metrics = policy_update(
         learner.policy,
         learner.ref,

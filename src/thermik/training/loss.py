@@ -51,12 +51,18 @@ class LossSetup:
     shared_prefix: bool
     max_nonfinite_steps: int
     reduce_fn: Callable[..., torch.Tensor] = field(repr=False)
+    autocast: torch.dtype | None = None  # bfloat16: mixed-precision forward (training/precision.py); None: float32
 
     @classmethod
     def from_config(
-        cls, alg: AlgorithmConfig, trainer: TrainerConfig, temperature: float, kl_coef: float | None = None
+        cls,
+        alg: AlgorithmConfig,
+        trainer: TrainerConfig,
+        temperature: float,
+        kl_coef: float | None = None,
+        autocast: torch.dtype | None = None,
     ) -> LossSetup:
-        """kl_coef: the current KL weight; None uses alg.kl_coef."""
+        """kl_coef: the current KL weight; None uses alg.kl_coef. autocast: `precision.autocast_dtype(model cfg)`."""
         return cls(
             policy_loss=registry.policy_loss(alg.loss, alg.custom_loss),
             params=loss_params(alg),
@@ -74,6 +80,7 @@ class LossSetup:
             shared_prefix=trainer.shared_prefix,
             max_nonfinite_steps=alg.max_nonfinite_steps,
             reduce_fn=registry.get("reduction", alg.reduction),
+            autocast=autocast,
         )
 
 

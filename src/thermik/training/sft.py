@@ -18,6 +18,7 @@ import torch
 from thermik.atomic import publish_dir
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.training.batch import token_logprobs
+from thermik.training.precision import train_autocast
 
 
 def load_conversations(path: str) -> list[dict[str, Any]]:
@@ -45,8 +46,14 @@ def encode_all(
     return out
 
 
-def sft_loss(model: torch.nn.Module, examples: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
-    """Mean negative log-likelihood over assistant tokens of the batch."""
+def sft_loss(
+    model: torch.nn.Module,
+    examples: list[tuple[list[int], list[int]]],
+    pad_id: int,
+    autocast: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Mean negative log-likelihood over assistant tokens of the batch (autocast: training/precision.py; the
+    logprobs are float32 either way)."""
     width = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     attention = torch.zeros_like(input_ids)
@@ -55,15 +62,24 @@ def sft_loss(model: torch.nn.Module, examples: list[tuple[list[int], list[int]]]
         input_ids[i, : len(ids)] = torch.tensor(ids)
         attention[i, : len(ids)] = 1
         mask[i, : len(ids) - 1] = torch.tensor(m[1:], dtype=torch.float32)
-    logp, _ = token_logprobs(model, input_ids, attention)
+    with train_autocast(model, autocast):
+        logp, _ = token_logprobs(model, input_ids, attention)
     return -(logp * mask).sum() / mask.sum().clamp(min=1)
 
 
-def sft_update(model: torch.nn.Module, batch: list, pad: int, optimizer, scheduler, max_grad_norm: float) -> dict:
+def sft_update(
+    model: torch.nn.Module,
+    batch: list,
+    pad: int,
+    optimizer,
+    scheduler,
+    max_grad_norm: float,
+    autocast: torch.dtype | None = None,
+) -> dict:
     """One optimizer step on a batch of encoded conversations."""
     t0 = time.perf_counter()
     model.train()
-    loss = sft_loss(model, batch, pad)
+    loss = sft_loss(model, batch, pad, autocast)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)

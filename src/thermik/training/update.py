@@ -16,6 +16,7 @@ import torch
 from thermik.algorithms.health import NonFiniteGuard
 from thermik.training.batch import TokenBatch, token_logprobs
 from thermik.training.loss import LossSetup, MicroMetrics, micro_batch_loss, mini_batch_reduction
+from thermik.training.precision import train_autocast
 from thermik.training.shared_prefix import token_logprobs_shared
 
 PER_TOKEN_FIELDS = ("mask", "rollout_logp", "adv", "old_logp", "ref_logp", "token_rewards", "values", "returns")
@@ -36,26 +37,38 @@ def micro_batches(batch: TokenBatch, size: int) -> list[tuple[int, TokenBatch]]:
 
 
 def batch_logprobs(
-    model: torch.nn.Module, mb: TokenBatch, temperature: float, shared_prefix: bool = True
+    model: torch.nn.Module,
+    mb: TokenBatch,
+    temperature: float,
+    shared_prefix: bool = True,
+    autocast: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp, entropy) [B, L-1] of the micro-batch: each shared prompt computed once when `shared_prefix` and the
-    model allow it (equal on response positions; prompt positions are then 0), else the plain forward."""
-    if shared_prefix and mb.prompt_lens is not None:
-        out = token_logprobs_shared(model, mb.input_ids, mb.attention_mask, mb.prompt_lens, temperature)
-        if out is not None:
-            return out
-    return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature)
+    model allow it (equal on response positions; prompt positions are then 0), else the plain forward.
+    autocast: bfloat16 for mixed precision (training/precision.py); logp and entropy are float32 either way."""
+    with train_autocast(model, autocast):
+        if shared_prefix and mb.prompt_lens is not None:
+            out = token_logprobs_shared(model, mb.input_ids, mb.attention_mask, mb.prompt_lens, temperature)
+            if out is not None:
+                return out
+        return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature)
 
 
 @torch.no_grad()
 def logprobs_no_grad(
-    model: torch.nn.Module, batch: TokenBatch, size: int, temperature: float, shared_prefix: bool = True
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    size: int,
+    temperature: float,
+    shared_prefix: bool = True,
+    autocast: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Per-token logprobs [B, L-1] of `model` on the batch (response positions), micro-batch by micro-batch."""
+    """Per-token logprobs [B, L-1] of `model` on the batch (response positions), micro-batch by micro-batch, in the
+    training forward's precision (so a behaviour logprob equals the first mini-batch's logp)."""
     out = torch.zeros_like(batch.mask)
     for start in range(0, len(batch), size):
         mb = batch.slice(start, start + size)
-        out[start : start + size] = batch_logprobs(model, mb, temperature, shared_prefix)[0]
+        out[start : start + size] = batch_logprobs(model, mb, temperature, shared_prefix, autocast)[0]
     return out
 
 
@@ -126,7 +139,7 @@ def _backward(policy: torch.nn.Module, mini: TokenBatch, setup: LossSetup, acc: 
     reduction = mini_batch_reduction(setup, mini)
     mini_loss = 0.0
     for start, mb in micro_batches(mini, setup.micro_batch_size):
-        logp, entropy = batch_logprobs(policy, mb, setup.temperature, setup.shared_prefix)
+        logp, entropy = batch_logprobs(policy, mb, setup.temperature, setup.shared_prefix, setup.autocast)
         loss, metrics = micro_batch_loss(setup, mb, logp, entropy, reduction(start, start + len(mb)))
         loss.backward()
         mini_loss += float(loss.detach())
@@ -157,12 +170,12 @@ def policy_update(
     against the rollout logprobs."""
     policy.train()
     guard = guard or NonFiniteGuard(setup.max_nonfinite_steps)
-    micro, temperature, shared = setup.micro_batch_size, setup.temperature, setup.shared_prefix
+    fwd = (setup.micro_batch_size, setup.temperature, setup.shared_prefix, setup.autocast)
     # With one optimizer step per batch the behaviour policy is the current one: old_logp = logp.detach().
     old_all = batch.rollout_logp if rollout_is_behaviour else None
     if not rollout_is_behaviour and setup.mini_batches > 1:
-        old_all = logprobs_no_grad(policy, batch, micro, temperature, shared)
-    ref_all = logprobs_no_grad(ref, batch, micro, temperature, shared) if ref is not None and setup.kl_in_loss else None
+        old_all = logprobs_no_grad(policy, batch, *fwd)
+    ref_all = logprobs_no_grad(ref, batch, *fwd) if ref is not None and setup.kl_in_loss else None
     acc = UpdateMetrics(setup.mini_batches)
     for m_index, mini in enumerate(_mini_batches(batch, setup.mini_batches, old_all, ref_all)):
         optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,197 @@
+"""Trainer throughput and MFU: float32 against bf16-mixed (`model.train_precision`), full fine-tune and LoRA.
+
+One process, one model: a freshly initialised preset (thermik.models.presets.init_model) or any local HF directory
+(`--model DIR`). Each variant (full / LoRA x float32 / bf16-mixed) holds its own float32 copy of the model and its
+own AdamW, and runs the product's RL update, `training.update.policy_update` (the function `thermik rl` calls: the
+forward in `batch_logprobs`, the loss, backward, clip, optimizer step) on one fixed batch of `--batch` rows of
+`--seq` tokens, every token trained (no shared prompts, so every row costs a full forward). The variants alternate
+`--rounds` times after one warm-up step each (so background load hits all alike); the best step of each is reported.
+
+Peak: the model's own projections (q, k, v, o, gate, up, down, lm head) timed alone as `x @ W^T` with M = batch * seq
+rows, in bfloat16 and in float32, in the same run; the peak of a dtype is their total FLOPs over their total time.
+
+MFU = FLOPs per token * tokens/s / bf16 peak, with FLOPs per token = 6 N for a full fine-tune and 4 N for LoRA
+(forward 2N + input gradients 2N; the frozen weights get no weight gradient; the adapters' FLOPs are ignored), N = the
+parameters of the matrix products: every Linear of the decoder plus the lm head (embedding lookups are not
+products). Attention's own score/value products (12 * layers * hidden * seq per token, PaLM's accounting, halved for
+causal; forward + backward = 3x the forward either way, their inputs need gradients) are added to both.
+
+    python benchmarks/trainer_mfu.py                                  # qwen2-5m preset
+    python benchmarks/trainer_mfu.py --model /work/models/SmolLM2-135M-Instruct --batch 4 --seq 256 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from thermik.config.schema import AlgorithmConfig, LoRAConfig, OptimizerConfig, TrainerConfig
+from thermik.models.presets import PRESETS, init_model
+from thermik.training.batch import TokenBatch
+from thermik.training.loss import LossSetup
+from thermik.training.optim import build_optimizer
+from thermik.training.update import policy_update
+
+PRECISIONS: dict[str, torch.dtype | None] = {"float32": None, "bf16-mixed": torch.bfloat16}
+
+
+@dataclass
+class Variant:
+    name: str
+    lora: bool
+    precision: str
+    step: Callable[[], object]
+    best_s: float = float("inf")
+
+
+def fixed_batch(batch: int, seq: int, vocab: int, seed: int) -> TokenBatch:
+    """`batch` rows of `seq` random tokens, every next-token position trained, advantages of both signs."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (batch, seq), generator=gen)
+    mask = torch.ones(batch, seq - 1)
+    adv = torch.randn(batch, 1, generator=gen).expand(-1, seq - 1).clone()
+    rollout_logp = torch.full((batch, seq - 1), -8.0)
+    return TokenBatch(ids, torch.ones_like(ids), mask, rollout_logp, adv, group_ids=torch.arange(batch))
+
+
+def make_variant(base: PreTrainedModel, lora: bool, precision: str, batch: TokenBatch, args) -> Variant:
+    """A variant's own model copy and optimizer, and one update step on `batch` through `policy_update`."""
+    model = copy.deepcopy(base).train()
+    if lora:
+        from thermik.training.lora import apply_lora
+
+        model = apply_lora(model, LoRAConfig(enabled=True, rank=args.lora_rank))
+    optimizer, scheduler = build_optimizer(model, OptimizerConfig(lr=1e-5))
+    trainer = TrainerConfig(micro_batch_size=args.micro or args.batch, shared_prefix=False)
+    setup = LossSetup.from_config(AlgorithmConfig(), trainer, 1.0, autocast=PRECISIONS[precision])
+    name = f"{'lora' if lora else 'full'} {precision}"
+    return Variant(name, lora, precision, lambda: policy_update(model, None, batch, setup, optimizer, scheduler))
+
+
+def matmul_shapes(model: PreTrainedModel) -> list[tuple[str, int, int, int]]:
+    """(name, in, out, count) of the model's matrix products: every decoder Linear by name, plus the lm head."""
+    shapes: dict[str, tuple[int, int, int]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            short = name.rsplit(".", 1)[-1]
+            k, n, count = module.in_features, module.out_features, shapes.get(short, (0, 0, 0))[2]
+            shapes[short] = (k, n, count + 1)
+    return [(name, k, n, count) for name, (k, n, count) in shapes.items()]
+
+
+def matmul_seconds(rows: int, k: int, n: int, dtype: torch.dtype, repeats: int) -> float:
+    """Best time of one `rows x k @ k x n` in `dtype` (one warm-up call)."""
+    x, w = torch.randn(rows, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
+    x @ w.T
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x @ w.T
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def peaks(model: PreTrainedModel, rows: int, repeats: int) -> dict[str, float]:
+    """{dtype name: FLOP/s} over the model's projection shapes at `rows` rows; prints each shape."""
+    out = {}
+    print(f"matmul peak at the model's projection shapes, M = {rows} rows (GFLOP/s):")
+    totals = {"bfloat16": [0.0, 0.0], "float32": [0.0, 0.0]}
+    for name, k, n, count in matmul_shapes(model):
+        line = f"  {name:>10} {k:5d} x {n:6d} (x{count:3d})"
+        for dtype_name, total in totals.items():
+            seconds = matmul_seconds(rows, k, n, getattr(torch, dtype_name), repeats)
+            flops = 2.0 * rows * k * n
+            total[0] += flops * count
+            total[1] += seconds * count
+            line += f"  {dtype_name} {flops / seconds / 1e9:7.1f}"
+        print(line)
+    for dtype_name, (flops, seconds) in totals.items():
+        out[dtype_name] = flops / seconds
+    print(f"  peak: bfloat16 {out['bfloat16'] / 1e9:.1f}, float32 {out['float32'] / 1e9:.1f} GFLOP/s "
+          f"(ratio {out['bfloat16'] / out['float32']:.2f}x)")  # fmt: skip
+    return out
+
+
+def flops_per_token(model: PreTrainedModel, seq: int, lora: bool) -> float:
+    """6 N (full) or 4 N (LoRA) + causal attention products; N = the parameters of every Linear (lm head included)."""
+    n = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    cfg = model.config
+    attention = 12 * cfg.num_hidden_layers * cfg.hidden_size * seq / 2
+    return (4 if lora else 6) * n + attention
+
+
+def run(variants: list[Variant], rounds: int) -> None:
+    for v in variants:
+        v.step()  # warm-up: oneDNN primitives, optimizer state
+    for _ in range(rounds):
+        for v in variants:
+            t0 = time.perf_counter()
+            v.step()
+            v.best_s = min(v.best_s, time.perf_counter() - t0)
+
+
+def report(model: PreTrainedModel, variants: list[Variant], args, peak: dict[str, float]) -> None:
+    tokens = args.batch * args.seq
+    print(f"\ntrain step on {args.batch} x {args.seq} tokens (policy_update; best of {args.rounds}):")
+    print(f"  {'variant':<17} {'step s':>7} {'tok/s':>8} {'TFLOP/s':>8} {'MFU(bf16 peak)':>15} {'of fp32 peak':>13}")
+    rates = {}
+    for v in variants:
+        rate = tokens / v.best_s
+        achieved = flops_per_token(model, args.seq, v.lora) * rate
+        rates[v.name] = rate
+        print(f"  {v.name:<17} {v.best_s:7.2f} {rate:8.0f} {achieved / 1e12:8.3f} "
+              f"{achieved / peak['bfloat16']:14.1%} {achieved / peak['float32']:12.1%}")  # fmt: skip
+    for kind in ("full", "lora"):
+        if f"{kind} float32" in rates and f"{kind} bf16-mixed" in rates:
+            ratio = rates[f"{kind} bf16-mixed"] / rates[f"{kind} float32"]
+            print(f"  {kind}: bf16-mixed / float32 tokens/s = {ratio:.2f}x")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="qwen2-5m", choices=sorted(PRESETS))
+    parser.add_argument("--model", default="", help="a local HF model directory instead of a fresh --preset")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--micro", type=int, default=0, help="rows per micro-batch (0: the whole batch)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lora-rank", type=int, default=8)
+    parser.add_argument("--only", choices=("full", "lora"), nargs="*", help="which fine-tunes (default: both)")
+    parser.add_argument("--peak-repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if min(args.batch, args.rounds, args.peak_repeats) < 1 or args.seq < 2:
+        parser.error("--batch, --rounds and --peak-repeats must be >= 1, --seq >= 2")
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[Variant]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.model or init_model(args.preset, Path(tmp) / args.preset, seed=args.seed)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    name = Path(args.model).name if args.model else args.preset
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {name}")
+    peak = peaks(model, args.batch * args.seq, args.peak_repeats)
+    batch = fixed_batch(args.batch, args.seq, model.config.vocab_size, args.seed)
+    kinds = args.only or ["full", "lora"]
+    variants = [make_variant(model, kind == "lora", p, batch, args) for kind in kinds for p in PRECISIONS]
+    run(variants, args.rounds)
+    report(model, variants, args, peak)
+    return variants
+
+
+if __name__ == "__main__":
+    main()
