@@ -170,3 +170,23 @@ def test_precision_config_and_auto(monkeypatch: pytest.MonkeyPatch) -> None:
     assert dtype is None and NO_BF16_ENV in reason
     with pytest.raises(ValueError, match="valid precisions: float32, bf16-mixed, auto"):
         resolve_train_precision("fp8", cpu)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    from tests.conftest import load_benchmark
+
+    yield from load_benchmark("trainer_mfu")
+
+
+def test_trainer_mfu_benchmark_runs_all_variants(bench, capsys: pytest.CaptureFixture[str]) -> None:
+    threads = torch.get_num_threads()
+    argv = ["--preset", "qwen2-1m", "--batch", "2", "--seq", "16", "--rounds", "1", "--threads", "1"]
+    try:
+        variants = bench.main(argv)
+    finally:
+        torch.set_num_threads(threads)  # --threads is process-wide: later tests keep theirs
+    assert [v.name for v in variants] == ["full float32", "full bf16-mixed", "lora float32", "lora bf16-mixed"]
+    assert all(0 < v.best_s < float("inf") for v in variants)
+    out = capsys.readouterr().out
+    assert "full: bf16-mixed / float32 tokens/s" in out and "lora: bf16-mixed / float32 tokens/s" in out

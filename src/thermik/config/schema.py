@@ -25,7 +25,7 @@ class ModelConfig(Section):
     train_precision: Literal["float32", "bf16-mixed", "auto"] = Field(
         "float32", description="Trainer arithmetic: 'float32', 'bf16-mixed' (forward and backward under bfloat16 "
         "autocast; float32 weights, AdamW state and logprobs) or 'auto' (bf16-mixed where the CPU reports AMX-BF16 or "
-        "AVX512-BF16, or the GPU supports bfloat16). Mixed precision needs dtype 'float32' (docs/models.md)."
+        "AVX512-BF16, or the GPU supports bfloat16). Mixed precision needs dtype 'float32' (docs/algorithms.md)."
     )  # fmt: skip
     device: str = Field("cpu", description="torch device for trainer and embedded engine ('cpu', 'cuda', 'cuda:0').")
     seed: int = Field(0, description="Seed for weights initialisation of new heads and for torch RNGs.")
