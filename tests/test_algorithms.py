@@ -16,6 +16,7 @@ from thermik.algorithms import (
     broadcast_to_tokens,
     dr_grpo_advantages,
     entropy_from_logits,
+    entropy_from_logprobs,
     get,
     grpo_advantages,
     kl_abs,
@@ -228,6 +229,7 @@ def test_entropy_from_logits() -> None:
     assert out.dtype == torch.float32 and out.shape == (1, 2)
     with pytest.raises(ValueError):
         entropy_from_logits(logits[0])
+    torch.testing.assert_close(entropy_from_logprobs(torch.log_softmax(logits, -1)), entropy_from_logits(logits))
 
 
 # ---------------------------------------------------------------- registry

@@ -76,6 +76,19 @@ def test_logprobs_entropy_and_gradients_equal_the_plain_forward(model: torch.nn.
         assert (g_shared - g_plain).norm() <= 1e-5 * g_plain.norm() + 1e-7
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_entropy_without_a_bonus_builds_no_graph(model: torch.nn.Module, shared: bool) -> None:
+    """entropy_grad=False (no entropy bonus): the same values, no graph through the entropy, logp still trains."""
+    ids, attention, prompt_lens, _ = grouped_batch(model.config.vocab_size)
+    args = (model, ids, attention, prompt_lens) if shared else (model, ids, attention)
+    fn = token_logprobs_shared if shared else token_logprobs
+    logp, entropy = fn(*args, 1.0, entropy_grad=False)
+    logp_g, entropy_g = fn(*args, 1.0)
+    assert entropy.grad_fn is None and entropy_g.grad_fn is not None and logp.grad_fn is not None
+    torch.testing.assert_close(entropy, entropy_g.detach(), atol=0, rtol=0)
+    torch.testing.assert_close(logp, logp_g, atol=0, rtol=0)
+
+
 def test_does_not_apply_without_a_shared_prompt(model: torch.nn.Module) -> None:
     ids, attention, prompt_lens, _ = grouped_batch(model.config.vocab_size)
     rows = [0, 3, 6, 9]

@@ -212,6 +212,11 @@ def dppo_kl_loss(
     return _dppo_loss(ratio, adv, mask, blocked, reduce), ratio_metrics(ratio, keep, blocked)
 
 
+def entropy_from_logprobs(logp_all: Tensor) -> Tensor:
+    """Entropy at each position from full log-probabilities [..., V]: H = -sum(p * log p)."""
+    return -(logp_all.exp() * logp_all).sum(dim=-1)
+
+
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of the categorical distribution at each position: logits [N, T, V] -> [N, T].
 

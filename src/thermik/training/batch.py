@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from thermik.algorithms.advantages import broadcast_to_tokens
-from thermik.algorithms.losses import entropy_from_logits
+from thermik.algorithms.losses import entropy_from_logprobs
 from thermik.rollout.trajectory import Trajectory
 
 
@@ -75,8 +75,19 @@ def collate(trajs: list[Trajectory], seq_adv: torch.Tensor | None, pad_id: int) 
     )
 
 
+def token_entropy(logp_all: torch.Tensor, grad: bool = True) -> torch.Tensor:
+    """Entropy [B, T] from full log-probabilities [B, T, V]. grad=False builds no graph: with no entropy bonus the
+    entropy is only a metric, and its graph over the vocabulary costs a real model's step time and memory."""
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+        return entropy_from_logprobs(logp_all)
+
+
 def token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp [B, L-1] of each next token under softmax(logits / temperature), entropy [B, L-1])."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
@@ -84,5 +95,4 @@ def token_logprobs(
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    entropy = entropy_from_logits(logits)
-    return logp, entropy
+    return logp, token_entropy(logp_all, entropy_grad)

@@ -24,8 +24,8 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from transformers import PreTrainedModel
 
-from thermik.algorithms.losses import entropy_from_logits
 from thermik.models.architecture import apply_rope, unsupported_reason
+from thermik.training.batch import token_entropy
 
 
 @dataclass
@@ -77,6 +77,7 @@ def token_logprobs_shared(
     attention_mask: Tensor,
     prompt_lens: Tensor,
     temperature: float = 1.0,
+    entropy_grad: bool = True,
 ) -> tuple[Tensor, Tensor] | None:
     """(logp [B, L-1], entropy [B, L-1]) like `batch.token_logprobs`, prompts computed once per group; None when
     this forward does not apply (the caller then runs the plain one)."""
@@ -92,8 +93,9 @@ def token_logprobs_shared(
     logits = lm.lm_head(lm.model.norm(hidden)).float()
     if temperature not in (0.0, 1.0):
         logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, response_ids[..., None]).squeeze(-1)
-    entropy = entropy_from_logits(logits)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, response_ids[..., None]).squeeze(-1)
+    entropy = token_entropy(logp_all, entropy_grad)
     # Response position j of row i is next-token position prompt_len_i - 1 + j of the plain layout.
     width = input_ids.shape[1] - 1
     span = response_ids.shape[1]

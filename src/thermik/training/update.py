@@ -42,16 +42,19 @@ def batch_logprobs(
     temperature: float,
     shared_prefix: bool = True,
     autocast: torch.dtype | None = None,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp, entropy) [B, L-1] of the micro-batch: each shared prompt computed once when `shared_prefix` and the
     model allow it (equal on response positions; prompt positions are then 0), else the plain forward.
     autocast: bfloat16 for mixed precision (training/precision.py); logp and entropy are float32 either way."""
     with train_autocast(model, autocast):
         if shared_prefix and mb.prompt_lens is not None:
-            out = token_logprobs_shared(model, mb.input_ids, mb.attention_mask, mb.prompt_lens, temperature)
+            out = token_logprobs_shared(
+                model, mb.input_ids, mb.attention_mask, mb.prompt_lens, temperature, entropy_grad
+            )
             if out is not None:
                 return out
-        return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature)
+        return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature, entropy_grad)
 
 
 @torch.no_grad()
@@ -139,7 +142,9 @@ def _backward(policy: torch.nn.Module, mini: TokenBatch, setup: LossSetup, acc: 
     reduction = mini_batch_reduction(setup, mini)
     mini_loss = 0.0
     for start, mb in micro_batches(mini, setup.micro_batch_size):
-        logp, entropy = batch_logprobs(policy, mb, setup.temperature, setup.shared_prefix, setup.autocast)
+        logp, entropy = batch_logprobs(
+            policy, mb, setup.temperature, setup.shared_prefix, setup.autocast, entropy_grad=bool(setup.entropy_coef)
+        )
         loss, metrics = micro_batch_loss(setup, mb, logp, entropy, reduction(start, start + len(mb)))
         loss.backward()
         mini_loss += float(loss.detach())
