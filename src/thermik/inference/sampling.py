@@ -154,10 +154,11 @@ def sample(
 ) -> torch.Tensor:
     """Draw one token id per row from softmax(logits) (logits as returned by `process_logits`). Returns [B] long.
 
-    Inverse-CDF sampling with one float64 uniform per row (the exponential race used before needed V random
-    numbers per row, ~5x the cost at V = 49152). Two levels keep it cheap and exact: the prefix sums of
-    `_BLOCK`-token block masses pick a block, then float64 prefix sums inside that block pick the token, with
-    the remainder rescaled to the block's float64 mass. A row given its own generator in `row_generators` draws
+    Inverse-CDF sampling with one float64 uniform per row (the exponential race used before drew V random
+    numbers per row and was 7-17x slower at 64 x 49152, benchmarks/sampling_speed.py). Two levels keep it cheap
+    and exact to the softmax's own float32 precision: float64 prefix sums of the `_BLOCK`-token block masses
+    (float32 sums) pick a block, then float64 prefix sums inside that block pick the token, with the remainder
+    rescaled to the block's float64 mass. A row given its own generator in `row_generators` draws
     exactly one number from it, so it gets the same token whatever the other rows are; the other rows draw from
     `generator` (the global RNG when None).
     """
