@@ -1,0 +1,34 @@
+"""Smoke test of benchmarks/rl_step_precision.py: both precisions run the example's RL config end to end."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "rl_step_precision.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("rl_step_precision", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["rl_step_precision"] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("rl_step_precision", None)
+
+
+@pytest.mark.slow
+def test_both_precisions_time_the_examples_rl_step(bench, tiny_model_dir: Path, tmp_path: Path) -> None:
+    prompts = ["--rollout.max_input_length=640", "--rollout.max_sequence_length=900", "--trainer.prompts_per_step=2"]
+    args = argparse.Namespace(model=str(tiny_model_dir), steps=2, overrides=prompts)
+    for name in bench.SETTINGS:
+        timings = bench.run_once(args, f"{name}-0", tmp_path)
+        assert set(timings) == set(bench.KEYS) and all(t > 0 for t in timings.values())
+        config = (tmp_path / f"{name}-0" / "config.toml").read_text()
+        want = ("bfloat16", "bf16-mixed") if name == "bf16" else ("float32", "float32")
+        assert f'precision = "{want[0]}"' in config and f'train_precision = "{want[1]}"' in config
