@@ -82,6 +82,18 @@ def token_entropy(logp_all: torch.Tensor, grad: bool = True) -> torch.Tensor:
         return entropy_from_logprobs(logp_all)
 
 
+def logprobs_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, entropy_grad: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp of `targets` [B, T], entropy [B, T]) under softmax(logits / temperature), in float32 (logits [B, T, V])."""
+    logits = logits.float()
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
+    return logp, token_entropy(logp_all, entropy_grad)
+
+
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -90,9 +102,5 @@ def token_logprobs(
     entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp [B, L-1] of each next token under softmax(logits / temperature), entropy [B, L-1])."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
-    if temperature not in (0.0, 1.0):
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return logp, token_entropy(logp_all, entropy_grad)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+    return logprobs_and_entropy(logits, input_ids[:, 1:], temperature, entropy_grad)

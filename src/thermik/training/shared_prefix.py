@@ -25,7 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from transformers import PreTrainedModel
 
 from thermik.models.architecture import apply_rope, unsupported_reason
-from thermik.training.batch import token_entropy
+from thermik.training.batch import logprobs_and_entropy
 
 
 @dataclass
@@ -90,12 +90,8 @@ def token_logprobs_shared(
     prompt_hidden, response_hidden, response_ids = _forward(lm, input_ids, plan)
     last = prompt_hidden[torch.arange(plan.num_groups), plan.prompt_lens - 1]  # predicts each response's 1st token
     hidden = torch.cat([last[plan.group_of_row, None], response_hidden[:, :-1]], dim=1)  # [B, S, H]
-    logits = lm.lm_head(lm.model.norm(hidden)).float()
-    if temperature not in (0.0, 1.0):
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, response_ids[..., None]).squeeze(-1)
-    entropy = token_entropy(logp_all, entropy_grad)
+    logits = lm.lm_head(lm.model.norm(hidden))
+    logp, entropy = logprobs_and_entropy(logits, response_ids, temperature, entropy_grad)
     # Response position j of row i is next-token position prompt_len_i - 1 + j of the plain layout.
     width = input_ids.shape[1] - 1
     span = response_ids.shape[1]
