@@ -28,7 +28,7 @@ from thermik.tasks.reverse_text.generate import reverse_problem, reverse_row, re
 from thermik.tasks.search.generate import search_problem, search_row, search_solve
 from thermik.tasks.text2sql.generate import sql_problem, sql_row, sql_solve
 from thermik.tasks.text2sql.llm import SQL_LLM_TASK
-from thermik.tasks.word_problems.generate import word_row, word_solve
+from thermik.tasks.word_problems.generate import word_row
 from thermik.tools.mcp_pool import MCPPool
 
 
@@ -56,7 +56,9 @@ TASKS: dict[str, Task] = {
         "thermik.tasks.calculator.env:CalculatorEnv", Generator(calculator_problem, calculator_row, calculator_solve)
     ),
     # Word problems answered through the calculator tool: the calculator env reads their rows as they are.
-    "word_problems": Task("thermik.tasks.calculator.env:CalculatorEnv", Generator(math_problem, word_row, word_solve)),
+    "word_problems": Task(
+        "thermik.tasks.calculator.env:CalculatorEnv", Generator(math_problem, word_row, calculator_solve)
+    ),
     "reverse_text": Task(
         "thermik.tasks.reverse_text.env:ReverseTextEnv", Generator(reverse_problem, reverse_row, reverse_solve)
     ),

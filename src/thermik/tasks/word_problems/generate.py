@@ -1,8 +1,8 @@
 """Word-problem rows for the calculator env: the gsm8k templates' questions, each with one expression that solves it.
 
-The solver writes that expression in one `calculate` call and answers with the result. The model has to read the
-numbers out of the sentence and put them in the right places: harder than the calculator task, where the prompt is
-the expression itself, and easy to check.
+The solver is the calculator task's (`calculator_solve`): it writes `extra_info["expression"]` in one `calculate` call
+and answers with the result. The model has to read the numbers out of the sentence and put them in the right places:
+harder than the calculator task, where the prompt is the expression itself, and easy to check.
 """
 
 from __future__ import annotations
@@ -11,11 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from thermik.data.problem_key import read_key
-from thermik.envs.base import Message
 from thermik.tasks.calculator.generate import CALCULATOR_SYSTEM
 from thermik.tasks.gsm8k.generate import worked
-from thermik.tools.arith import format_number
-from thermik.tools.parsers import format_hermes_tool_call
 
 EXPRESSIONS: dict[str, Callable[[dict[str, Any]], str]] = {
     "apples": lambda v: f"{v['a']} + {v['b']} * {v['c']} - {v['d']}",
@@ -42,14 +39,3 @@ def word_row(key: str) -> dict[str, Any]:
         "reward_spec": {"method": "rule", "ground_truth": answer},
         "extra_info": {"problem": key, "expression": word_expression(key)},
     }
-
-
-def word_solve(row: dict[str, Any]) -> list[Message]:
-    expression = row["extra_info"]["expression"]
-    result = format_number(row["reward_spec"]["ground_truth"])
-    return [
-        *row["prompt"],
-        {"role": "assistant", "content": format_hermes_tool_call("calculate", {"expression": expression})},
-        {"role": "tool", "name": "calculate", "content": result},
-        {"role": "assistant", "content": f"<answer>{result}</answer>"},
-    ]
