@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("kernels") / "decode.c"
+KERNELS = Path(__file__).with_name("kernels")  # the C sources
 MAX_HEAD_DIM = 1024  # rope_head's stack buffer in decode.c
 MAX_GROUP_DIM = 4096  # query heads per KV head * head_dim: the bfloat16 attention's stack buffer
 # Not -ffast-math: a library linked with it turns on flush-to-zero for the whole process (denormals read as 0).
@@ -143,19 +143,28 @@ class DecodeKernels:
         return out
 
 
+def compiled(name: str) -> Path:
+    """The shared library of kernels/`name`.c (with common.h), built on first use for this CPU and cached."""
+    source = KERNELS / f"{name}.c"
+    code = source.read_bytes() + (KERNELS / "common.h").read_bytes()
+    build = " ".join((*FLAGS, _cpu_signature(), platform.machine())).encode()
+    library = _cache_dir() / f"{name}-{hashlib.sha256(code + build).hexdigest()[:16]}.so"
+    if not library.is_file():
+        _build(source, library)
+    return library
+
+
+def kernels_enabled() -> bool:
+    return os.environ.get("THERMIK_CPU_KERNELS", "1") != "0"
+
+
 @cache
 def load() -> DecodeKernels | None:
     """The compiled kernels, or None (warned once) where they cannot be built or are turned off."""
-    if os.environ.get("THERMIK_CPU_KERNELS", "1") == "0":
+    if not kernels_enabled():
         return None
-    source = SOURCE.read_bytes()
-    build = " ".join((*FLAGS, _cpu_signature(), platform.machine())).encode()
-    key = hashlib.sha256(source + build).hexdigest()[:16]
-    library = _cache_dir() / f"decode-{key}.so"
     try:
-        if not library.is_file():
-            _build(SOURCE, library)
-        return DecodeKernels(library)
+        return DecodeKernels(compiled("decode"))
     except (OSError, RuntimeError) as exc:
         warnings.warn(
             f"thermik CPU decode kernels unavailable ({exc}); the embedded engine uses its PyTorch path "

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from thermik.algorithms.advantages import broadcast_to_tokens
-from thermik.algorithms.losses import entropy_from_logprobs
 from thermik.rollout.trajectory import Trajectory
+from thermik.training.vocab_logprobs import vocab_logprobs
 
 
 @dataclass
@@ -75,23 +75,14 @@ def collate(trajs: list[Trajectory], seq_adv: torch.Tensor | None, pad_id: int) 
     )
 
 
-def token_entropy(logp_all: torch.Tensor, grad: bool = True) -> torch.Tensor:
-    """Entropy [B, T] from full log-probabilities [B, T, V]. grad=False builds no graph: with no entropy bonus the
-    entropy is only a metric, and its graph over the vocabulary costs a real model's step time and memory."""
-    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-        return entropy_from_logprobs(logp_all)
-
-
 def logprobs_and_entropy(
     logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, entropy_grad: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logp of `targets` [B, T], entropy [B, T]) under softmax(logits / temperature), in float32 (logits [B, T, V])."""
-    logits = logits.float()
-    if temperature not in (0.0, 1.0):
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
-    return logp, token_entropy(logp_all, entropy_grad)
+    """(logp of `targets` [B, T], entropy [B, T]) under softmax(logits[:, :T] / temperature), in float32 (logits
+    [B, L, V], L >= T, any float dtype). entropy_grad=False detaches the entropy: with no entropy bonus it is only a
+    metric, and its gradient over the vocabulary would cost a real model's step time."""
+    logp, entropy = vocab_logprobs(logits, targets, temperature if temperature not in (0.0, 1.0) else 1.0)
+    return logp, entropy if entropy_grad else entropy.detach()
 
 
 def token_logprobs(
@@ -102,5 +93,5 @@ def token_logprobs(
     entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp [B, L-1] of each next token under softmax(logits / temperature), entropy [B, L-1])."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
     return logprobs_and_entropy(logits, input_ids[:, 1:], temperature, entropy_grad)

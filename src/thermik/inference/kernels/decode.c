@@ -6,30 +6,7 @@
  * every sum and product in float32, one rounding to bfloat16 where the value is stored). Built and loaded by
  * thermik/inference/cpu_kernels.py.
  */
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-
-typedef uint16_t bf16;
-
-static inline float bf16_load(bf16 v) {
-    uint32_t bits = (uint32_t)v << 16;
-    float out;
-    memcpy(&out, &bits, sizeof out);
-    return out;
-}
-
-/* Round to nearest, ties to even (what torch's .to(torch.bfloat16) does); NaN stays a quiet NaN. */
-static inline bf16 bf16_store(float v) {
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16)((bits >> 16) | 0x40u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (bf16)(bits >> 16);
-}
-
-static inline float f32_load(float v) { return v; }
-static inline float f32_store(float v) { return v; }
+#include "common.h"
 
 /* RMSNorm (Zhang & Sennrich 2019) of `rows` rows of `dim` values, as HF computes it: the sum of squares in
  * float32, x * rsqrt(mean + eps) rounded to the element type, then times the weight (rounded again). */
@@ -95,26 +72,6 @@ DEFINE_ROPE_STORE(thermik_rope_store, rope_head, float)
 DEFINE_RMS_NORM(thermik_rms_norm_bf16, bf16, bf16_load, bf16_store)
 DEFINE_ROPE_HEAD(rope_head_bf16, thermik_rms_norm_bf16, bf16, bf16_load, bf16_store)
 DEFINE_ROPE_STORE(thermik_rope_store_bf16, rope_head_bf16, bf16)
-
-/* e^x for x <= 0 (Cephes' expf: Cody-Waite range reduction and a degree-6 polynomial, within 2 ulp): unlike libm's
- * expf it vectorizes. x below -87 gives e^-87 (~1.6e-38), which is 0 next to the softmax's maximum term 1. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float r2 = r * r;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r2 + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
 
 /* Softmax-weighted sum over the n cached rows of one KV head for its `group` queries qf [group, dim] (float32).
  * Inlined with a constant `dim` for the common head sizes, so the dot products unroll into full vectors. */

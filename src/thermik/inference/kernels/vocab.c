@@ -1,0 +1,93 @@
+/* Token logprobs and entropy over a vocabulary row, forward and backward, for the trainer (training/vocab_logprobs.py).
+ *
+ * A real model's training step spends a third of its time in vocabulary-sized float32 passes when they run as
+ * separate PyTorch ops (cast, log-softmax, gather, entropy, log-softmax backward, cast back), each over a
+ * [tokens, vocabulary] tensor far bigger than any cache. Here each row is read twice in the forward (max; then
+ * e^(z - max) summed, and summed times z) and once in the backward (e^(z - lse), written as the gradient), while the
+ * row sits in L2. Rows are z = logits * inv_temp; every sum and product in float32. Two element types: float32
+ * (`thermik_vocab_*_f32`) and bfloat16 (`thermik_vocab_*_bf16`, the gradient rounded once to bfloat16).
+ * Row r starts at logits + r * row_stride; its `vocab` entries are contiguous.
+ */
+#include "common.h"
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+/* The largest of n values. gcc vectorizes neither fmaxf nor a max reduction without -ffinite-math-only, which would
+ * also apply to every other kernel; with AVX-512 it is written out. */
+static inline float row_max_f32(const float *x, int64_t n) {
+    int64_t j = 0;
+    float top = -INFINITY;
+#ifdef __AVX512F__
+    __m512 acc = _mm512_set1_ps(-INFINITY);
+    for (; j + 16 <= n; j += 16) acc = _mm512_max_ps(acc, _mm512_loadu_ps(x + j));
+    top = _mm512_reduce_max_ps(acc);
+#endif
+    for (; j < n; j++) top = x[j] > top ? x[j] : top;
+    return top;
+}
+
+static inline float row_max_bf16(const bf16 *x, int64_t n) {
+    int64_t j = 0;
+    float top = -INFINITY;
+#ifdef __AVX512F__
+    __m512 acc = _mm512_set1_ps(-INFINITY);
+    for (; j + 16 <= n; j += 16) {
+        __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + j)));
+        acc = _mm512_max_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+    }
+    top = _mm512_reduce_max_ps(acc);
+#endif
+    for (; j < n; j++) top = bf16_load(x[j]) > top ? bf16_load(x[j]) : top;
+    return top;
+}
+
+/* Per row: lse = log sum_j e^z_j; logp = z[target] - lse; entropy = -sum_j p_j log p_j = log s - sum_j e_j d_j / s,
+ * with d_j = z_j - max and e_j = e^d_j, s = sum_j e_j. */
+#define DEFINE_VOCAB_FORWARD(NAME, T, LOAD, MAX)                                                               \
+    void NAME(const T *logits, int64_t rows, int64_t row_stride, int64_t vocab, const int64_t *targets,      \
+              float inv_temp, float *logp, float *entropy, float *lse) {                                     \
+        for (int64_t r = 0; r < rows; r++) {                                                                \
+            const T *x = logits + r * row_stride;                                                           \
+            float top = MAX(x, vocab) * inv_temp;                                                           \
+            float s = 0.0f, t = 0.0f;                                                                       \
+            for (int64_t j = 0; j < vocab; j++) {                                                           \
+                float d = LOAD(x[j]) * inv_temp - top;                                                      \
+                float e = exp_nonpositive(d);                                                               \
+                s += e;                                                                                     \
+                t += e * d;                                                                                 \
+            }                                                                                               \
+            float log_s = logf(s);                                                                          \
+            lse[r] = top + log_s;                                                                           \
+            logp[r] = LOAD(x[targets[r]]) * inv_temp - lse[r];                                              \
+            entropy[r] = log_s - t / s;                                                                     \
+        }                                                                                                   \
+    }
+
+/* d(g logp + h H)/dz_j = g (onehot_j - p_j) - h p_j (log p_j + H), times inv_temp for d/dlogits; h_ent may be
+ * NULL (no entropy gradient). Row r of the gradient starts at grad + r * grad_stride. */
+#define DEFINE_VOCAB_BACKWARD(NAME, T, LOAD, STORE)                                                            \
+    void NAME(const T *logits, int64_t rows, int64_t row_stride, int64_t vocab, const int64_t *targets,      \
+              float inv_temp, const float *lse, const float *entropy, const float *g_logp, const float *h_ent, \
+              T *grad, int64_t grad_stride) {                                                                \
+        for (int64_t r = 0; r < rows; r++) {                                                                \
+            const T *x = logits + r * row_stride;                                                           \
+            T *out = grad + r * grad_stride;                                                                \
+            float g = g_logp[r], h = h_ent ? h_ent[r] : 0.0f, ent = entropy[r], norm = lse[r];              \
+            for (int64_t j = 0; j < vocab; j++) {                                                           \
+                float lp = LOAD(x[j]) * inv_temp - norm;                                                    \
+                float p = exp_nonpositive(lp < 0.0f ? lp : 0.0f);                                           \
+                out[j] = STORE(-p * (g + h * (lp + ent)) * inv_temp);                                       \
+            }                                                                                               \
+            int64_t k = targets[r];                                                                         \
+            float lp = LOAD(x[k]) * inv_temp - norm;                                                        \
+            float p = exp_nonpositive(lp < 0.0f ? lp : 0.0f);                                               \
+            out[k] = STORE((g - p * (g + h * (lp + ent))) * inv_temp);                                      \
+        }                                                                                                   \
+    }
+
+DEFINE_VOCAB_FORWARD(thermik_vocab_forward_f32, float, f32_load, row_max_f32)
+DEFINE_VOCAB_FORWARD(thermik_vocab_forward_bf16, bf16, bf16_load, row_max_bf16)
+DEFINE_VOCAB_BACKWARD(thermik_vocab_backward_f32, float, f32_load, f32_store)
+DEFINE_VOCAB_BACKWARD(thermik_vocab_backward_bf16, bf16, bf16_load, bf16_store)
