@@ -15,7 +15,7 @@ def reference(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -
     return logp_all.gather(-1, targets[..., None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
 
 
-def objective(logp: torch.Tensor, entropy: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor], entropy_grad: bool):
+def objective(logp: torch.Tensor, entropy: torch.Tensor, weights: tuple[torch.Tensor, ...], entropy_grad: bool):
     return (logp * weights[0]).sum() + ((entropy * weights[1]).sum() if entropy_grad else 0.0)
 
 
