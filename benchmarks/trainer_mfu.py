@@ -16,6 +16,11 @@ parameters of the matrix products: every Linear of the decoder plus the lm head 
 products). Attention's own score/value products (12 * layers * hidden * seq per token, PaLM's accounting, halved for
 causal; forward + backward = 3x the forward either way, their inputs need gradients) are added to both.
 
+`--before` adds "full float32-before": the float32 full fine-tune as main ran it before the vocabulary kernels and
+fused AdamW (training/vocab_logprobs.py, training/optim.py): a float32 log-softmax over the whole [B, T, V] logits,
+gather, the entropy from it, and AdamW's per-tensor loop. That is the "today's float32" the bf16 target of issue 15
+is stated against; the plain "full float32" row runs the current code in float32.
+
     python benchmarks/trainer_mfu.py                                  # qwen2-5m preset
     python benchmarks/trainer_mfu.py --model /work/models/SmolLM2-135M-Instruct --batch 4 --seq 256 --rounds 2
 """
@@ -23,12 +28,14 @@ causal; forward + backward = 3x the forward either way, their inputs need gradie
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -40,7 +47,7 @@ from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer
 from thermik.training.update import policy_update
 
-PRECISIONS: dict[str, torch.dtype | None] = {"float32": None, "bf16-mixed": torch.bfloat16}
+PRECISIONS: dict[str, torch.dtype | None] = {"float32": None, "bf16-mixed": torch.bfloat16, "float32-before": None}
 
 
 @dataclass
@@ -62,6 +69,14 @@ def fixed_batch(batch: int, seq: int, vocab: int, seed: int) -> TokenBatch:
     return TokenBatch(ids, torch.ones_like(ids), mask, rollout_logp, adv, group_ids=torch.arange(batch))
 
 
+def logprobs_before(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0):
+    """The trainer's logprobs before training/vocab_logprobs.py: a float32 log-softmax over all of [B, T, V]."""
+    logp_all = torch.log_softmax(logits[:, : targets.shape[1]].float() / temperature, dim=-1)
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp_all.gather(-1, targets[..., None]).squeeze(-1), entropy
+
+
 def make_variant(base: PreTrainedModel, lora: bool, precision: str, batch: TokenBatch, args) -> Variant:
     """A variant's own model copy and optimizer, and one update step on `batch` through `policy_update`."""
     model = copy.deepcopy(base).train()
@@ -69,11 +84,20 @@ def make_variant(base: PreTrainedModel, lora: bool, precision: str, batch: Token
         from thermik.training.lora import apply_lora
 
         model = apply_lora(model, LoRAConfig(enabled=True, rank=args.lora_rank))
-    optimizer, scheduler = build_optimizer(model, OptimizerConfig(lr=1e-5))
+    before = precision == "float32-before"
+    unfused = mock.patch("thermik.training.optim._fusable", lambda params: None)
+    with unfused if before else contextlib.nullcontext():
+        optimizer, scheduler = build_optimizer(model, OptimizerConfig(lr=1e-5))
     trainer = TrainerConfig(micro_batch_size=args.micro or args.batch, shared_prefix=False)
     setup = LossSetup.from_config(AlgorithmConfig(), trainer, 1.0, autocast=PRECISIONS[precision])
-    name = f"{'lora' if lora else 'full'} {precision}"
-    return Variant(name, lora, precision, lambda: policy_update(model, None, batch, setup, optimizer, scheduler))
+
+    def step() -> object:
+        if not before:
+            return policy_update(model, None, batch, setup, optimizer, scheduler)
+        with mock.patch("thermik.training.batch.vocab_logprobs", logprobs_before):
+            return policy_update(model, None, batch, setup, optimizer, scheduler)
+
+    return Variant(f"{'lora' if lora else 'full'} {precision}", lora, precision, step)
 
 
 def matmul_shapes(model: PreTrainedModel) -> list[tuple[str, int, int, int]]:
@@ -150,9 +174,10 @@ def report(model: PreTrainedModel, variants: list[Variant], args, peak: dict[str
         print(f"  {v.name:<17} {v.best_s:7.2f} {rate:8.0f} {achieved / 1e12:8.3f} "
               f"{achieved / peak['bfloat16']:14.1%} {achieved / peak['float32']:12.1%}")  # fmt: skip
     for kind in ("full", "lora"):
-        if f"{kind} float32" in rates and f"{kind} bf16-mixed" in rates:
-            ratio = rates[f"{kind} bf16-mixed"] / rates[f"{kind} float32"]
-            print(f"  {kind}: bf16-mixed / float32 tokens/s = {ratio:.2f}x")
+        for base in ("float32", "float32-before"):
+            if f"{kind} {base}" in rates and f"{kind} bf16-mixed" in rates:
+                ratio = rates[f"{kind} bf16-mixed"] / rates[f"{kind} {base}"]
+                print(f"  {kind}: bf16-mixed / {base} tokens/s = {ratio:.2f}x")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -168,6 +193,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peak-repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--before", action="store_true", help="add the full float32 step as main ran it before")
     args = parser.parse_args(argv)
     if min(args.batch, args.rounds, args.peak_repeats) < 1 or args.seq < 2:
         parser.error("--batch, --rounds and --peak-repeats must be >= 1, --seq >= 2")
@@ -187,7 +213,10 @@ def main(argv: list[str] | None = None) -> list[Variant]:
     peak = peaks(model, args.batch * args.seq, args.peak_repeats)
     batch = fixed_batch(args.batch, args.seq, model.config.vocab_size, args.seed)
     kinds = args.only or ["full", "lora"]
-    variants = [make_variant(model, kind == "lora", p, batch, args) for kind in kinds for p in PRECISIONS]
+    precisions = [p for p in PRECISIONS if p != "float32-before"]
+    variants = [make_variant(model, kind == "lora", p, batch, args) for kind in kinds for p in precisions]
+    if args.before and "full" in kinds:
+        variants.append(make_variant(model, False, "float32-before", batch, args))
     run(variants, args.rounds)
     report(model, variants, args, peak)
     return variants

@@ -12,7 +12,15 @@ from types import ModuleType
 
 import pytest
 
+from thermik.inference.precision import NO_BF16_ENV
+
 TINY_PRESET = "qwen2-1m"
+
+# The suite computes in float32 on every CPU. The default precision ("auto") is bfloat16 on a CPU with AVX512-BF16 or
+# AMX and float32 elsewhere, and the suite's assertions on tiny models (1e-4 logprob parity, seeded learning curves)
+# are float32 facts. The bfloat16 paths have their own tests: they ask for bfloat16 by name, or clear this variable
+# to check what "auto" picks (tests/test_bf16_engine.py, tests/test_bf16_trainer.py).
+os.environ[NO_BF16_ENV] = "1"
 
 
 @pytest.fixture(scope="session")
@@ -24,8 +32,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """os.environ without a developer's THERMIK_* variables (they would change the config), plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("THERMIK_")}
+    """os.environ without a developer's THERMIK_* variables (they would change the config; the float32 pin above
+    stays), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("THERMIK_") or k == NO_BF16_ENV}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.update(extra)
     return env

@@ -12,6 +12,7 @@ that bfloat16 arithmetic actually ran (float32 against itself differs by ~1e-7).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from thermik.config.schema import AlgorithmConfig, ModelConfig, OptimizerConfig, TrainerConfig
-from thermik.inference.precision import NO_BF16_ENV
+from thermik.inference.precision import NO_BF16_ENV, cpu_bf16_flags
 from thermik.models.presets import init_model
 from thermik.training.batch import TokenBatch
 from thermik.training.loss import LossSetup, micro_batch_loss, mini_batch_reduction
@@ -159,15 +160,21 @@ def test_bf16_mixed_policy_update_moves_logprobs_with_the_advantage(tiny_model_d
 
 
 def test_precision_config_and_auto(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ModelConfig().train_precision == "float32"  # seeded runs keep their results
+    assert ModelConfig().train_precision == "auto"
     with pytest.raises(ValueError, match="train_precision 'bf16-mixed' keeps float32 master weights"):
         ModelConfig(train_precision="bf16-mixed", dtype="bfloat16")
+    ModelConfig(dtype="bfloat16")  # the default "auto" trains a bfloat16 model in bfloat16
     cpu = torch.device("cpu")
     assert resolve_train_precision("float32", cpu)[0] is None
     assert resolve_train_precision("bf16-mixed", cpu)[0] is BF16
+    assert resolve_train_precision("auto", cpu, "bfloat16") == (None, "train_precision 'auto' with model.dtype "
+                                                                "'bfloat16' trains in bfloat16")  # fmt: skip
     monkeypatch.setenv(NO_BF16_ENV, "1")
     dtype, reason = resolve_train_precision("auto", cpu)
     assert dtype is None and NO_BF16_ENV in reason
+    monkeypatch.delenv(NO_BF16_ENV)
+    dtype, reason = resolve_train_precision("auto", cpu)
+    assert (dtype is BF16) == bool(cpu_bf16_flags()), reason
     with pytest.raises(ValueError, match="valid precisions: float32, bf16-mixed, auto"):
         resolve_train_precision("fp8", cpu)
 
@@ -181,12 +188,44 @@ def bench():
 
 def test_trainer_mfu_benchmark_runs_all_variants(bench, capsys: pytest.CaptureFixture[str]) -> None:
     threads = torch.get_num_threads()
-    argv = ["--preset", "qwen2-1m", "--batch", "2", "--seq", "16", "--rounds", "1", "--threads", "1"]
+    argv = ["--preset", "qwen2-1m", "--batch", "2", "--seq", "16", "--rounds", "1", "--threads", "1", "--before"]
     try:
         variants = bench.main(argv)
     finally:
         torch.set_num_threads(threads)  # --threads is process-wide: later tests keep theirs
-    assert [v.name for v in variants] == ["full float32", "full bf16-mixed", "lora float32", "lora bf16-mixed"]
+    names = ["full float32", "full bf16-mixed", "lora float32", "lora bf16-mixed", "full float32-before"]
+    assert [v.name for v in variants] == names
     assert all(0 < v.best_s < float("inf") for v in variants)
     out = capsys.readouterr().out
     assert "full: bf16-mixed / float32 tokens/s" in out and "lora: bf16-mixed / float32 tokens/s" in out
+    assert "full: bf16-mixed / float32-before tokens/s" in out
+
+
+def test_default_run_is_bf16_on_a_bf16_cpu(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`thermik rl` with no precision settings, on a CPU that reports AVX512-BF16 or AMX-BF16: both the engine and
+    the trainer say they run bfloat16 and why, the run trains, and the mismatch metric sees the two precisions."""
+    from tests.conftest import run_thermik
+    from thermik.data.dataset import write_rows
+    from thermik.tasks.registry import generate_rows
+
+    monkeypatch.delenv(NO_BF16_ENV)
+    flags = cpu_bf16_flags()
+    if not flags:
+        pytest.skip("this CPU reports neither AMX-BF16 nor AVX512-BF16: 'auto' is float32 (tested above)")
+    write_rows(tmp_path / "train.jsonl", generate_rows("reverse_text", 16, 0, split="train"))
+    res = run_thermik(
+        "rl", "--model.path", str(tiny_model_dir), "--env.name", "reverse_text", "--env.max_turns", "1",
+        "--data.train_path", str(tmp_path / "train.jsonl"), "--rollout.max_generate_length", "8",
+        "--trainer.steps", "2", "--trainer.prompts_per_step", "2", "--trainer.group_size", "4",
+        "--eval.before", "false", "--eval.size", "2", "--monitor.progress", "false", "--output_dir", str(tmp_path),
+        "--name", "default", timeout=300, **{NO_BF16_ENV: "0"},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    reason = f"the CPU reports {' and '.join(flags)}"
+    assert f"thermik trainer: bf16-mixed ({reason})" in res.stderr
+    assert f"thermik embedded engine: bfloat16 ({reason})" in res.stderr
+    rows = [json.loads(line) for line in (tmp_path / "default" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "mismatch/logprob_abs_diff" in r]
+    assert len(steps) == 2 and all(0 < r["mismatch/logprob_abs_diff"] < 0.5 for r in steps), steps

@@ -86,6 +86,13 @@ def test_unknown_key_in_toml_and_env(tmp_path: Path) -> None:
         load_config(RunConfig, [], {"THERMIK_TRAINER__GROUPSIZE": "4"})
 
 
+def test_runtime_switches_are_not_config_keys() -> None:
+    """THERMIK_CPU_KERNELS and THERMIK_CPU_NO_BF16 are read by the engine at run time; a config built beside them
+    is the default one (they once failed every command as unknown keys)."""
+    env = {"THERMIK_CPU_KERNELS": "0", "THERMIK_CPU_NO_BF16": "1"}
+    assert load_config(RunConfig, [], env) == load_config(RunConfig, [], {})
+
+
 def test_unknown_nested_section() -> None:
     with pytest.raises(ConfigError, match=r"'traner'.*Did you mean 'trainer'"):
         load_config(RunConfig, ["--traner.steps", "5"])

@@ -27,6 +27,9 @@ from pydantic_core import to_jsonable_python
 M = TypeVar("M", bound=BaseModel)
 
 ENV_PREFIX = "THERMIK_"
+# THERMIK_* switches read at run time, not config keys: the CPU kernels (inference/cpu_kernels.py) and the simulated
+# CPU without bfloat16 (inference/precision.py).
+RUNTIME_VARIABLES = frozenset({"THERMIK_CPU_KERNELS", "THERMIK_CPU_NO_BF16"})
 _HELP_FLAGS = ("-h", "--help")
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -198,7 +201,8 @@ def _split_argv(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
 def _env_overrides(env: Mapping[str, str]) -> list[tuple[list[str], str, str]]:
     out = []
     for name, value in sorted(env.items()):
-        if len(name) > len(ENV_PREFIX) and name[: len(ENV_PREFIX)].upper() == ENV_PREFIX:
+        is_config = name.upper() not in RUNTIME_VARIABLES and name[: len(ENV_PREFIX)].upper() == ENV_PREFIX
+        if len(name) > len(ENV_PREFIX) and is_config:
             path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
             out.append((path, value, f"environment variable {name}"))
     return out

@@ -23,9 +23,10 @@ class ModelConfig(Section):
     path: str = Field("runs/models/qwen2-1m", description="Local HF model directory (weights + tokenizer).")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
     train_precision: Literal["float32", "bf16-mixed", "auto"] = Field(
-        "float32", description="Trainer arithmetic: 'float32', 'bf16-mixed' (forward and backward under bfloat16 "
+        "auto", description="Trainer arithmetic: 'float32', 'bf16-mixed' (forward and backward under bfloat16 "
         "autocast; float32 weights, AdamW state and logprobs) or 'auto' (bf16-mixed where the CPU reports AMX-BF16 or "
-        "AVX512-BF16, or the GPU supports bfloat16). Mixed precision needs dtype 'float32' (docs/algorithms.md)."
+        "AVX512-BF16, or the GPU supports bfloat16; else float32; a model.dtype other than float32 trains in that "
+        "dtype). bf16-mixed needs dtype 'float32' (docs/algorithms.md)."
     )  # fmt: skip
     device: str = Field("cpu", description="torch device for trainer and embedded engine ('cpu', 'cuda', 'cuda:0').")
     seed: int = Field(0, description="Seed for weights initialisation of new heads and for torch RNGs.")
@@ -36,7 +37,7 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _mixed_needs_float32(self) -> ModelConfig:
-        if self.train_precision != "float32" and self.dtype != "float32":
+        if self.train_precision == "bf16-mixed" and self.dtype != "float32":
             raise ValueError(
                 f"model.train_precision {self.train_precision!r} keeps float32 master weights: set model.dtype "
                 f"'float32' (got {self.dtype!r}), or train_precision 'float32' to train in {self.dtype} directly"
@@ -62,7 +63,7 @@ class InferenceConfig(Section):
     )
     seed: int = Field(0, description="Base seed of the engine's sampler.")
     precision: Literal["model", "float32", "bfloat16", "auto"] = Field(
-        "model", description="Embedded: dtype of the engine's copy of the weights and KV cache: 'model' (model.dtype), "
+        "auto", description="Embedded: dtype of the engine's copy of the weights and KV cache: 'model' (model.dtype), "
         "'float32', 'bfloat16', or 'auto' (bfloat16 where the CPU reports AMX-BF16 or AVX512-BF16, else float32)."
     )  # fmt: skip
     num_threads: int = Field(

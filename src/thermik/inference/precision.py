@@ -2,9 +2,9 @@
 
 `resolve_precision(name)` maps a configured name to a torch dtype:
 
-- "model": whatever dtype the model was loaded in (the default: runs keep their seeded results);
+- "model": whatever dtype the model was loaded in;
 - "float32" / "bfloat16": that dtype;
-- "auto": bfloat16 on a CPU that reports AMX-BF16 or AVX512-BF16 (its matrix products then run on oneDNN's
+- "auto" (the default): bfloat16 on a CPU that reports AMX-BF16 or AVX512-BF16 (its matrix products then run on oneDNN's
   bfloat16 kernels, ~4x float32's rate here: benchmarks/README.md), float32 elsewhere. On a CUDA device "auto"
   is bfloat16 when the GPU supports it.
 
@@ -70,6 +70,5 @@ def apply_precision(model: torch.nn.Module, name: str) -> torch.nn.Module:
         model.to(dtype)
     line = f"thermik embedded engine: {str(dtype).removeprefix('torch.')} ({reason})"
     log.info(line)
-    if name != "model":  # runs that keep the model's dtype print nothing new
-        print(line, file=sys.stderr)
+    print(line, file=sys.stderr)
     return model
