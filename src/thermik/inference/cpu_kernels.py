@@ -19,6 +19,8 @@ import platform
 import shutil
 import subprocess
 import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
@@ -64,6 +66,28 @@ def _build(source: Path, library: Path) -> None:
 
 
 DTYPES = (torch.float32, torch.bfloat16)  # the element types decode.c has kernels for
+MIN_PARALLEL_ROWS = 8  # a decode attention over fewer rows runs on the calling thread
+
+
+@cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="thermik-kernels")
+
+
+def run_parallel(calls: list[tuple[Callable, ...]]) -> None:
+    """Run each (function, *args) call, the first on this thread and the rest on a pool. ctypes releases the GIL
+    around a foreign call, so calls into the C kernels run on as many cores as there are calls."""
+    futures = [_pool().submit(*call) for call in calls[1:]]
+    if calls:
+        calls[0][0](*calls[0][1:])
+    for future in futures:
+        future.result()
+
+
+def split_rows(rows: int, parts: int) -> list[tuple[int, int]]:
+    """[start, end) ranges cutting `rows` into at most `parts` near-equal, non-empty pieces."""
+    parts = max(1, min(parts, rows))
+    return [(rows * i // parts, rows * (i + 1) // parts) for i in range(parts)]
 
 
 class DecodeKernels:
@@ -134,12 +158,15 @@ class DecodeKernels:
         batch, heads, dim = q.shape
         kv_heads, max_len = keys.shape[1], keys.shape[2]
         group = heads // kv_heads
-        scratch = torch.empty(group * (max_len + dim), dtype=torch.float32)
+        parts = split_rows(batch, torch.get_num_threads() if batch >= MIN_PARALLEL_ROWS else 1)
+        scratch = torch.empty(len(parts), group * (max_len + dim), dtype=torch.float32)
         out = torch.empty_like(q)
-        self._lib.thermik_decode_attention_bf16(
-            q.data_ptr(), keys.data_ptr(), values.data_ptr(), slots.data_ptr(), lengths.data_ptr(),
-            0, batch, kv_heads, group, dim, max_len, scratch.data_ptr(), out.data_ptr(),
-        )  # fmt: skip
+        fn = self._lib.thermik_decode_attention_bf16
+        run_parallel([
+            (fn, q.data_ptr(), keys.data_ptr(), values.data_ptr(), slots.data_ptr(), lengths.data_ptr(),
+             start, end, kv_heads, group, dim, max_len, scratch[i].data_ptr(), out.data_ptr())
+            for i, (start, end) in enumerate(parts)
+        ])  # fmt: skip
         return out
 
 

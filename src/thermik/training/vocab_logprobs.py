@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import ctypes
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from functools import cache
 
 import torch
 from torch import Tensor
 
-from thermik.inference.cpu_kernels import compiled, kernels_enabled
+from thermik.inference.cpu_kernels import compiled, kernels_enabled, run_parallel, split_rows
 
 BLOCK_BYTES = 4 << 20  # float32 bytes of one block of rows: inside a core's share of L3 with room to spare
 
@@ -78,8 +78,8 @@ _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
 class _CKernels:
-    """ctypes bindings of kernels/vocab.c; each call splits the rows over torch's thread count (ctypes releases the
-    GIL, so Python threads run the C loops in parallel)."""
+    """ctypes bindings of kernels/vocab.c; each call splits the rows over torch's thread count
+    (`cpu_kernels.run_parallel`)."""
 
     def __init__(self) -> None:
         lib = ctypes.CDLL(str(compiled("vocab")))
@@ -90,23 +90,23 @@ class _CKernels:
             bwd.argtypes = [_P, _I, _I, _I, _P, _F, _P, _P, _P, _P, _P, _I]
             fwd.restype = bwd.restype = None
             self.forward_fns[dtype], self.backward_fns[dtype] = fwd, bwd
-        self.pool = ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads()), thread_name_prefix="thermik-vocab")
 
     @staticmethod
     def _spans(batch: int, length: int) -> list[tuple[int, int, int]]:
         """(row, first position, positions) spans: each row of [batch, length] cut into torch's thread count."""
-        parts = max(1, torch.get_num_threads())
-        step = -(-length // parts)
-        return [(b, t, min(step, length - t)) for b in range(batch) for t in range(0, length, step)]
+        threads = max(1, torch.get_num_threads())
+        return [(b, t0, t1 - t0) for b in range(batch) for t0, t1 in split_rows(length, threads)]
 
-    def _run(self, calls: list[tuple]) -> None:
-        for future in [self.pool.submit(*call) for call in calls]:
-            future.result()
+    @staticmethod
+    def _run(fn: Callable, args: list[tuple]) -> None:
+        """fn(*a) for every a, in torch's thread count of groups running side by side."""
+        groups = [args[start:end] for start, end in split_rows(len(args), torch.get_num_threads())]
+        run_parallel([(_call_each, fn, group) for group in groups])
 
     def forward(self, logits: Tensor, targets: Tensor, inv_temp: float, out: tuple[Tensor, Tensor, Tensor]) -> None:
         fn, vocab = self.forward_fns[logits.dtype], logits.shape[-1]
-        self._run([
-            (fn, _at(logits, b, t), n, logits.stride(1), vocab, _at(targets, b, t), inv_temp,
+        self._run(fn, [
+            (_at(logits, b, t), n, logits.stride(1), vocab, _at(targets, b, t), inv_temp,
              *(_at(x, b, t) for x in out))
             for b, t, n in self._spans(*targets.shape)
         ])  # fmt: skip
@@ -116,11 +116,16 @@ class _CKernels:
     ) -> None:
         logits, targets, lse, entropy = saved
         fn, vocab = self.backward_fns[logits.dtype], logits.shape[-1]
-        self._run([
-            (fn, _at(logits, b, t), n, logits.stride(1), vocab, _at(targets, b, t), inv_temp,
+        self._run(fn, [
+            (_at(logits, b, t), n, logits.stride(1), vocab, _at(targets, b, t), inv_temp,
              *(_at(x, b, t) for x in (lse, entropy, *grads)), _at(out, b, t), out.stride(1))
             for b, t, n in self._spans(*targets.shape)
         ])  # fmt: skip
+
+
+def _call_each(fn: Callable, args: list[tuple]) -> None:
+    for a in args:
+        fn(*a)
 
 
 def _at(x: Tensor | None, b: int, t: int) -> int | None:
