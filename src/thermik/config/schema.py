@@ -69,6 +69,10 @@ class InferenceConfig(Section):
     num_threads: int = Field(
         0, ge=0, description="Embedded: torch threads of the engine's decode thread; 0 inherits the process setting."
     )
+    kv_cache_gb: float | None = Field(
+        None, gt=0, description="Embedded: KV cache budget in GiB (requests wait for room rather than grow past it); "
+        "unset takes a quarter of the RAM (of the free GPU memory on CUDA), inf sets none."
+    )  # fmt: skip
     base_url: str = Field(
         "http://127.0.0.1:8000", description="Remote backend: server root (thermik inference, vLLM), without /v1."
     )

@@ -8,6 +8,11 @@ Weight updates take the model lock between two steps: running sequences continue
 cached keys/values stay as the old weights made them, as in PipelineRL) and every token records the weight
 version that produced it; cached prefixes of finished requests and parked sessions are dropped.
 
+The cache has a byte budget (`kv_cache_gb`). A request is admitted only while every running request could reach
+its longest length (prompt + max_tokens) within it, so a running batch never needs more than the budget; the
+queue waits instead. Idle slots (finished requests' prefixes, parked sessions) give way first: least recently used
+ones are reused or evicted, and a parked session whose slot was evicted re-prefills its next turn.
+
 Models the native forward does not cover fall back to `HFEngine` (static batches on transformers) with a
 warning; see `embedded_engine`.
 """
@@ -18,6 +23,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import math
 import threading
 import time
 import warnings
@@ -38,6 +44,7 @@ from thermik.inference.base import (
     check_request,
 )
 from thermik.inference.hf_engine import HFEngine
+from thermik.inference.kv_cache import default_budget_bytes
 from thermik.inference.native_model import NativeCausalLM
 from thermik.inference.openmp import release_thread_pool
 from thermik.inference.precision import apply_precision
@@ -116,9 +123,14 @@ class EmbeddedEngine:
         gather_window_s: float = 0.02,
         reuse_prefixes: bool = True,
         num_threads: int = 0,
+        kv_cache_gb: float | None = None,
     ) -> None:
+        """`kv_cache_gb`: the KV cache's budget in GiB (2^30 bytes); None takes a quarter of the machine's RAM (on
+        CUDA, of the free GPU memory; `kv_cache.default_budget_bytes` says why), `math.inf` sets no budget."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if kv_cache_gb is not None and not kv_cache_gb > 0:
+            raise ValueError(f"kv_cache_gb must be > 0, got {kv_cache_gb}")
         self.model = model.eval()
         self.native = NativeCausalLM(model)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -132,12 +144,17 @@ class EmbeddedEngine:
         self._vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._version = 0
-        self._cache = self.native.new_cache(num_slots=8, max_len=128)
+        if kv_cache_gb is None:
+            budget = default_budget_bytes(self.device)
+        else:
+            budget = None if math.isinf(kv_cache_gb) else int(kv_cache_gb * 2**30)
+        self._cache = self.native.new_cache(num_slots=8, max_len=128, budget_bytes=budget)
         self._slots: list[_Slot] = []
         self._tick = 0
         self._model_lock = threading.Lock()  # held for each scheduler iteration and each weight update
         self._cond = threading.Condition()  # guards _pending and _closed
         self._pending: list[_Request] = []
+        self._admitting: list[_Request] = []  # taken from the queue this iteration (failed with it, if it fails)
         self._ended_sessions: set[str] = set()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -250,6 +267,7 @@ class EmbeddedEngine:
             check_request(prompt_ids, sampling, self._vocab_size)
             if sampling.stop and self.detokenize is None:
                 raise ValueError("sampling.stop (stop strings) needs an engine built with detokenize=...")
+            self._check_fits(len(prompt_ids), sampling.max_tokens)
         requests = [
             _Request(
                 prompt_ids=list(prompt_ids),
@@ -272,6 +290,27 @@ class EmbeddedEngine:
                 self._thread.start()
             self._cond.notify_all()
         return requests
+
+    def _positions(self, prompt_len: int, max_tokens: int) -> int:
+        """Cache positions a request may need: its prompt and every sampled token but the last, plus the one
+        spare position every step keeps (so an idle row of a dense decode step writes inside the cache)."""
+        return max(prompt_len + 1, min(prompt_len + max_tokens, self.native.max_positions))
+
+    def _reserve(self, requests: Sequence[_Request | None]) -> int:
+        """The most positions any of `requests` may need (None entries: slots without a request)."""
+        return max((self._positions(len(r.prompt_ids), r.sampling.max_tokens) for r in requests if r), default=0)
+
+    def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        """Refuse at once a request that alone outgrows the cache budget (it would wait forever in the queue)."""
+        positions = self._positions(prompt_len, max_tokens)
+        if not self._cache.fits(1, positions):
+            need, budget = positions * self._cache.bytes_per_position, self._cache.budget_bytes or 0
+            raise ValueError(
+                f"the KV cache budget cannot hold this request: prompt ({prompt_len} tokens) + max_tokens "
+                f"({max_tokens}) need {positions} cached positions, {need / 2**30:.4g} GiB, and the budget is "
+                f"{budget / 2**30:.4g} GiB; raise inference.kv_cache_gb (EmbeddedEngine(kv_cache_gb=...)) or "
+                "shorten the prompt or max_tokens"
+            )
 
     def _finish(self, req: _Request, reason: StopReason) -> None:
         if not req.future.done():
@@ -307,11 +346,15 @@ class EmbeddedEngine:
                     break
             if not self._running():
                 self._gather_window()
+            self._admitting = []
             try:
                 with self._model_lock, torch.inference_mode():
                     self._admit()
                     self._decode_step()
             except Exception as exc:  # a failed step fails its requests, not the engine
+                for req in self._admitting:  # those not placed in a slot yet would wait forever
+                    if not req.future.done():
+                        req.future.set_exception(exc)
                 for slot in self._slots:
                     if slot.request is not None and not slot.request.future.done():
                         slot.request.future.set_exception(exc)
@@ -332,11 +375,52 @@ class EmbeddedEngine:
             time.sleep(quiet_s)
 
     def _take_pending(self) -> list[_Request]:
-        room = self.max_batch_size - len(self._running())
+        running = self._running()
+        room = self.max_batch_size - len(running)
         with self._cond:
-            live = [r for r in self._pending if not r.future.cancelled()]
-            taken, self._pending = live[:room], live[room:]
+            live = [r for r in self._pending if not r.future.done()]  # cancelled, or failed with a step
+            count = self._admissible(running, live[: max(room, 0)])
+            taken, self._pending = live[:count], live[count:]
         return taken
+
+    def _admissible(self, running: list[int], candidates: list[_Request]) -> int:
+        """How many of `candidates` (in queue order) can join the running requests while all of them together
+        could still reach their longest length within the cache budget (slots x the longest length: the cache
+        is rectangular)."""
+        budget = self._cache.budget_positions
+        if budget is None or not candidates:
+            return len(candidates)
+        longest = self._reserve([self._slots[i].request for i in running])
+        for n, req in enumerate(candidates):
+            longest = max(longest, self._reserve([req]))
+            if (len(running) + n + 1) * longest > budget:
+                return n
+        return len(candidates)
+
+    def _make_room(self, need: int, running: list[int], admitted: Sequence[_Request] = ()) -> None:
+        """Called between steps, while no slot index is held: room in the cache for every slot at `need`
+        positions, and for the `admitted` requests' slots. Where the budget cannot hold them all, the length
+        becomes the longest that the running and admitted requests may need (no growth until the next admission;
+        it also shrinks a length left over from longer requests) and idle slots are evicted, least recently used
+        first (sessions of `admitted` requests last); the kept slots are renumbered."""
+        cache = self._cache
+        rows = len(running) + len(admitted)
+        if cache.fits(max(len(self._slots), rows), max(need, cache.max_len)):
+            cache.ensure(max(len(self._slots), rows), need)
+            return
+        assert cache.budget_positions is not None
+        longest = self._reserve([self._slots[i].request for i in running] + list(admitted))
+        length = max(need, longest if need > cache.max_len else min(longest, cache.max_len))
+        sessions = {r.session_id for r in admitted if r.session_id is not None}
+        idle = [i for i, s in enumerate(self._slots) if s.request is None]
+        idle.sort(key=lambda i: (self._slots[i].session_id in sessions, self._slots[i].last_used))
+        evicted = set(idle[: max(0, len(self._slots) - cache.budget_positions // length)])
+        keep = [i for i in range(len(self._slots)) if i not in evicted]
+        cache.resize(keep, max(len(keep), rows), length)
+        self._slots = [self._slots[i] for i in keep]
+        for slot in self._slots:
+            if slot.request is None:  # a shorter cache keeps a shorter prefix (one position stays spare)
+                slot.tokens = slot.tokens[: length - 1]
 
     def _place(self, req: _Request, taken: set[int]) -> int | None:
         """The slot for `req`: its session's slot, else the reusable slot sharing the longest prefix with it
@@ -347,7 +431,7 @@ class EmbeddedEngine:
         free = [i for i, s in enumerate(self._slots) if s.request is None and s.session_id is None and i not in taken]
         if free:
             return max(free, key=lambda i: (_common_prefix(self._slots[i].tokens, req.prompt_ids), -i))
-        if len(self._slots) < 2 * self.max_batch_size:
+        if len(self._slots) < 2 * self.max_batch_size and self._cache.fits(len(self._slots) + 1, self._cache.max_len):
             self._slots.append(_Slot())
             self._cache.ensure(len(self._slots), self._cache.max_len)
             return len(self._slots) - 1
@@ -363,9 +447,10 @@ class EmbeddedEngine:
 
     def _admit(self) -> None:
         self._release_ended_sessions()
-        requests = self._take_pending()
+        self._admitting = requests = self._take_pending()
         if not requests:
             return
+        self._make_room(max(len(r.prompt_ids) + 1 for r in requests), self._running(), requests)
         taken: set[int] = set()
         leaders: dict[tuple[int, ...], int] = {}  # prompt -> slot prefilling it this round
         prefill: list[tuple[int, int]] = []  # (slot, cached tokens already valid in it)
@@ -414,21 +499,40 @@ class EmbeddedEngine:
         return best, min(shared, len(prompt) - 1)
 
     def _prefill(self, prefill: list[tuple[int, int]]) -> torch.Tensor:
-        """One forward over the uncached prompt tokens of every admitted leader; logits at each prompt's end."""
-        news = [self._slots[i].request.prompt_ids[cached:] for i, cached in prefill]
-        width = max(len(t) for t in news)
-        tokens = torch.full((len(news), width), self.pad_token_id, dtype=torch.long)
-        for r, new in enumerate(news):
-            tokens[r, : len(new)] = torch.tensor(new)
-        starts = torch.tensor([cached for _, cached in prefill])
-        last = torch.tensor([len(t) - 1 for t in news])
-        self._cache.ensure(len(self._slots), int((starts + width).max()) + 1)
-        logits = self.native.forward(tokens, torch.tensor([i for i, _ in prefill]), starts, last, self._cache)
-        for (index, _), new in zip(prefill, news, strict=True):
-            self._slots[index].tokens.extend(new)
+        """Forward the uncached prompt tokens of every admitted leader; logits at each prompt's end."""
+        rows = [(i, cached, self._slots[i].request.prompt_ids[cached:]) for i, cached in prefill]
+        logits = torch.cat([self._prefill_forward(group) for group in self._prefill_groups(rows)])
         self.num_batches += 1
+        self.num_prefill_tokens += sum(len(new) for _, _, new in rows)
+        return logits
+
+    def _prefill_groups(self, rows: list[tuple[int, int, list[int]]]) -> list[list[tuple[int, int, list[int]]]]:
+        """All rows in one padded forward, unless its span (the longest cached prefix + the widest new part)
+        would outgrow the cache budget: then consecutive groups whose spans fit (a row alone always fits)."""
+        groups: list[list[tuple[int, int, list[int]]]] = [[]]
+        start = width = 0
+        for row in rows:
+            grown = max(start, row[1]), max(width, len(row[2]))
+            if groups[-1] and not self._cache.fits(len(self._slots), sum(grown) + 1):
+                groups.append([])
+                grown = row[1], len(row[2])
+            groups[-1].append(row)
+            start, width = grown
+        return groups
+
+    def _prefill_forward(self, rows: list[tuple[int, int, list[int]]]) -> torch.Tensor:
+        """One padded forward over `rows` (slot, cached positions, new tokens)."""
+        width = max(len(new) for _, _, new in rows)
+        tokens = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        for r, (_, _, new) in enumerate(rows):
+            tokens[r, : len(new)] = torch.tensor(new)
+        starts = torch.tensor([cached for _, cached, _ in rows])
+        last = torch.tensor([len(new) - 1 for _, _, new in rows])
+        self._cache.ensure(len(self._slots), int((starts + width).max()) + 1)
+        logits = self.native.forward(tokens, torch.tensor([i for i, _, _ in rows]), starts, last, self._cache)
+        for index, _, new in rows:
+            self._slots[index].tokens.extend(new)
         self.num_forwards += 1
-        self.num_prefill_tokens += sum(len(t) for t in news)
         return logits
 
     def _decode_step(self) -> None:
@@ -436,12 +540,14 @@ class EmbeddedEngine:
         running = [i for i in self._running() if not self._drop_cancelled(i)]
         if not running:
             return
+        # Idle rows of a dense step write at their length, which every slot keeps below the cache's.
+        self._make_room(max(len(self._slots[i].tokens) for i in running) + 2, running)
+        running = self._running()  # renumbered if idle slots were evicted
         hi = running[-1] + 1
         dense = 2 * len(running) >= hi  # mostly-busy rows: compute on the contiguous slice, reading views
         index = list(range(hi)) if dense else running
         tokens = torch.tensor([[self._slots[i].next_token] for i in index])
         starts = torch.tensor([len(self._slots[i].tokens) for i in index])
-        self._cache.ensure(len(self._slots), int(starts.max()) + 2)
         rows = slice(0, hi) if dense else torch.tensor(running)
         logits = self.native.forward(tokens, rows, starts, torch.zeros(len(index), dtype=torch.long), self._cache)
         self.num_forwards += 1
@@ -522,6 +628,6 @@ def embedded_engine(model: PreTrainedModel, precision: str = "model", **kwargs) 
         f"embedded engine: {reason}; falling back to static batches on transformers (slower, no session reuse)",
         stacklevel=2,
     )
-    for native_only in ("detokenize", "gather_window_s", "reuse_prefixes", "num_threads"):
+    for native_only in ("detokenize", "gather_window_s", "reuse_prefixes", "num_threads", "kv_cache_gb"):
         kwargs.pop(native_only, None)
     return HFEngine(model, **kwargs)

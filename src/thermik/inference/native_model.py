@@ -172,10 +172,17 @@ class NativeCausalLM:
                 projection.repack()
         self.lm_head.repack()
 
-    def new_cache(self, num_slots: int, max_len: int) -> SlotKVCache:
+    def new_cache(self, num_slots: int, max_len: int, budget_bytes: int | None = None) -> SlotKVCache:
         weight = self.lm_head.weight_t
         return SlotKVCache(
-            self.num_layers, num_slots, self.num_kv_heads, max_len, self.head_dim, weight.dtype, weight.device
+            self.num_layers,
+            num_slots,
+            self.num_kv_heads,
+            max_len,
+            self.head_dim,
+            weight.dtype,
+            weight.device,
+            budget_bytes=budget_bytes,
         )
 
     @torch.inference_mode()

@@ -88,6 +88,7 @@ def _embedded_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: Inferenc
         seed=cfg.seed,
         detokenize=chat.tokenizer.decode,
         num_threads=cfg.num_threads,
+        kv_cache_gb=cfg.kv_cache_gb,
         precision=cfg.precision,
     )
 

@@ -12,7 +12,12 @@ KEEP_ALIVE_S = 30  # uvicorn's default 5 s closes pooled client connections betw
 
 
 def load_engine(
-    model_path: str | Path, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 256, seed: int = 0
+    model_path: str | Path,
+    dtype: str = "float32",
+    device: str = "cpu",
+    max_batch_size: int = 256,
+    seed: int = 0,
+    kv_cache_gb: float | None = None,
 ) -> tuple[Any, Any]:
     """(embedded engine, HF tokenizer) for the model in `model_path`, stopping at the tokenizer's eos and pad.
 
@@ -32,6 +37,7 @@ def load_engine(
         max_batch_size=max_batch_size,
         seed=seed,
         detokenize=tokenizer.decode,
+        kv_cache_gb=kv_cache_gb,
     )
     return engine, tokenizer
 
@@ -41,8 +47,9 @@ def serve(cfg: ServeConfig) -> None:
 
     from thermik.inference.server.app import build_app
 
+    m, inference = cfg.model, cfg.inference
     engine, tokenizer = load_engine(
-        cfg.model.path, cfg.model.dtype, cfg.model.device, cfg.inference.max_batch_size, cfg.inference.seed
+        m.path, m.dtype, m.device, inference.max_batch_size, inference.seed, inference.kv_cache_gb
     )
     s = cfg.server
     app = build_app(

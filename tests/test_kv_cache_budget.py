@@ -1,0 +1,239 @@
+"""The KV cache budget (`kv_cache_gb`): the cache never holds more bytes than the budget, requests that do not fit
+wait (or, alone too big, fail naming the knob), idle slots are evicted and evicted sessions re-prefill, and the
+tokens are those of an engine without a budget."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from tests.test_embedded_engine import PROMPTS, hf_greedy, make_engine, tiny_model
+from thermik.config.schema import InferenceConfig, ModelConfig
+from thermik.inference.base import SamplingParams
+from thermik.inference.embedded import EmbeddedEngine
+from thermik.inference.kv_cache import KVCacheBudgetError, SlotKVCache, default_budget_bytes
+
+# tiny_model("qwen2"): 2 layers x (keys + values) x 2 KV heads x 16 dims x 4 bytes (float32)
+BYTES_PER_POSITION = 2 * 2 * 2 * 16 * 4
+
+
+def gib(positions: int) -> float:
+    """A budget of `positions` slot-positions of the tiny model, in GiB."""
+    return positions * BYTES_PER_POSITION / 2**30
+
+
+class Watch:
+    """Records the cache's real size after every reallocation and the running rows of every decode step."""
+
+    def __init__(self, engine: EmbeddedEngine) -> None:
+        self.engine, self.sizes, self.running = engine, [engine._cache.nbytes], [0]
+        cache, resize, decode = engine._cache, engine._cache.resize, engine._decode_step
+
+        def watched_resize(*args: object) -> None:
+            resize(*args)
+            self.sizes.append(cache.nbytes)
+
+        def watched_decode() -> None:
+            self.running.append(len(engine._running()))
+            decode()
+
+        cache.resize = watched_resize  # type: ignore[method-assign]
+        engine._decode_step = watched_decode  # type: ignore[method-assign]
+
+    def assert_within(self, budget_bytes: int) -> None:
+        cache = self.engine._cache
+        assert cache.budget_bytes == budget_bytes
+        actual = sum(t.numel() * t.element_size() for t in (*cache.keys, *cache.values))
+        assert actual == cache.nbytes
+        assert max(self.sizes) <= budget_bytes, (max(self.sizes), budget_bytes)
+
+
+@pytest.fixture(scope="module")
+def qwen() -> PreTrainedModel:
+    return tiny_model("qwen2")
+
+
+def test_bytes_per_position_match_the_buffers() -> None:
+    for dtype, itemsize in ((torch.float32, 4), (torch.bfloat16, 2)):
+        cache = SlotKVCache(30, 4, 3, 16, 64, dtype, torch.device("cpu"))  # SmolLM2-135M's shape
+        assert cache.bytes_per_position == 30 * 2 * 3 * 64 * itemsize
+        assert cache.nbytes == 4 * 16 * cache.bytes_per_position
+
+
+def test_cache_grows_by_doubling_within_the_budget_then_exactly_then_refuses() -> None:
+    cache = SlotKVCache(2, 2, 2, 8, 16, torch.float32, torch.device("cpu"), budget_bytes=60 * BYTES_PER_POSITION)
+    cache.keys[0][1, :, :8] = 7.0
+    cache.ensure(2, 16)  # doubling fits: 2 x 16
+    assert (cache.num_slots, cache.max_len) == (2, 16)
+    cache.ensure(2, 17)  # doubling (2 x 32) would not: exactly 17 positions
+    assert (cache.num_slots, cache.max_len) == (2, 17)
+    assert bool((cache.keys[0][1, :, :8] == 7.0).all())  # contents kept
+    cache.ensure(3, 13)  # 4 slots (doubling) x 17 would not fit either: exactly 3
+    assert (cache.num_slots, cache.max_len) == (3, 17)
+    assert cache.nbytes == 51 * BYTES_PER_POSITION
+    with pytest.raises(KVCacheBudgetError):
+        cache.ensure(3, 21)
+    cache.resize([1], 4, 10)  # slot 1 becomes slot 0, cut to 10 positions
+    assert (cache.num_slots, cache.max_len) == (4, 10)
+    assert bool((cache.keys[0][0, :, :8] == 7.0).all())
+
+
+def test_tiny_budget_gives_the_tokens_of_an_unbounded_engine(qwen: PreTrainedModel) -> None:
+    """24 seeded requests at once; the budget holds three of them: they run three at a time, same tokens."""
+    prompts = [PROMPTS[k % 4] + [30 + k] * (k % 5) for k in range(24)]
+    params = [SamplingParams(max_tokens=12 + k % 9, temperature=1.0, seed=k) for k in range(24)]
+    unbounded = make_engine(qwen, kv_cache_gb=math.inf)
+    budgeted = make_engine(qwen, kv_cache_gb=gib(96))
+    free, watch = Watch(unbounded), Watch(budgeted)
+    expected = unbounded.generate_batch(prompts, params)
+    got = budgeted.generate_batch(prompts, params)
+    assert [g.token_ids for g in got] == [g.token_ids for g in expected]
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+    watch.assert_within(96 * BYTES_PER_POSITION)
+    shortest = min(len(p) + s.max_tokens for p, s in zip(prompts, params, strict=True))
+    assert max(free.running) == 24
+    assert max(watch.running) <= 96 // shortest  # admission held the batch to what the budget holds
+
+
+def greedy(model: PreTrainedModel, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens by full forwards, with no stop token."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def episodes(engine: EmbeddedEngine, count: int, turns: int) -> list[list[int]]:
+    """`count` concurrent episodes of `turns` seeded turns each, sessions never ended (parked between turns)."""
+
+    async def one(k: int) -> list[int]:
+        history = [200 + k, *PROMPTS[k % 4]]
+        for t in range(turns):
+            sampling = SamplingParams(max_tokens=4 + (k + t) % 4, temperature=1.0, seed=100 * k + t)
+            gen = await engine.generate(history, sampling, session_id=f"ep{k}")
+            history = history + gen.token_ids + [11 + t, 12 + t]
+        return history
+
+    async def main() -> list[list[int]]:
+        return list(await asyncio.gather(*(one(k) for k in range(count))))
+
+    return asyncio.run(main())
+
+
+def test_parked_sessions_are_evicted_and_re_prefilled_with_the_same_tokens(qwen: PreTrainedModel) -> None:
+    unbounded = make_engine(qwen, kv_cache_gb=math.inf)
+    budgeted = make_engine(qwen, kv_cache_gb=gib(80))
+    watch = Watch(budgeted)
+    assert episodes(budgeted, 10, 3) == episodes(unbounded, 10, 3)
+    watch.assert_within(80 * BYTES_PER_POSITION)
+    # Ten parked episodes do not fit in 80 positions: evicted ones prefilled their whole history again.
+    assert budgeted.num_prefill_tokens > unbounded.num_prefill_tokens
+    assert len(budgeted._slots) < 10
+
+
+def test_an_evicted_session_resumes_by_re_prefilling(qwen: PreTrainedModel) -> None:
+    engine = make_engine(qwen, kv_cache_gb=gib(64))
+    six = SamplingParams(max_tokens=6, temperature=0.0)
+
+    async def main() -> tuple[list[int], int, list]:
+        first = await engine.generate([210, *PROMPTS[0]], six, session_id="a")
+        history = [210, *PROMPTS[0], *first.token_ids, 11, 12]
+        # Unrelated requests that need every slot: the parked session gives its slot up.
+        others = [[220 + k, *PROMPTS[1]] for k in range(7)]  # 7 x (3 + 6) positions: 7 slots of 9
+        await asyncio.to_thread(engine.generate_batch, others, [six] * 7)
+        assert "a" not in {s.session_id for s in engine._slots}
+        before = engine.num_prefill_tokens
+        second = await engine.generate(history, six, session_id="a")
+        return history, engine.num_prefill_tokens - before, second.token_ids
+
+    history, prefilled, tokens = asyncio.run(main())
+    assert prefilled == len(history)  # nothing of the session was left in the cache
+    assert tokens == hf_greedy(qwen, [history], 6)[0]
+
+
+def test_a_cache_length_left_by_a_long_request_shrinks_for_many_short_ones(qwen: PreTrainedModel) -> None:
+    engine = EmbeddedEngine(qwen, eos_token_ids=(), pad_token_id=0, kv_cache_gb=gib(256))
+    watch = Watch(engine)
+    engine.generate_batch([PROMPTS[0]], [SamplingParams(max_tokens=100, temperature=0.0)])
+    assert engine._cache.max_len >= 100  # room for two such slots at most
+    prompts = [[230 + k, *PROMPTS[2]] for k in range(8)]
+    short = SamplingParams(max_tokens=10, temperature=0.0)
+    gens = engine.generate_batch(prompts, [short] * 8)
+    assert [g.token_ids for g in gens] == [greedy(qwen, p, 10) for p in prompts]
+    assert watch.running[-1] == 8  # all eight decoded together: the length was cut to theirs
+    watch.assert_within(256 * BYTES_PER_POSITION)
+
+
+def test_a_padded_prefill_that_would_outgrow_the_budget_runs_in_parts(qwen: PreTrainedModel) -> None:
+    """A session's next turn (long cached prefix, short new part) admitted with a long new prompt: one padded
+    forward would write 48 positions into both slots (96 > 64): it runs as two forwards."""
+    engine = EmbeddedEngine(qwen, eos_token_ids=(), pad_token_id=0, kv_cache_gb=gib(64))
+    watch = Watch(engine)
+    groups: list[int] = []
+    split = engine._prefill_groups
+
+    def watched(rows: list) -> list:
+        out = split(rows)
+        groups.append(len(out))
+        return out
+
+    engine._prefill_groups = watched  # type: ignore[method-assign]
+    four = SamplingParams(max_tokens=4, temperature=0.0)
+    session = [240 + k for k in range(20)]
+
+    async def main() -> tuple[list[int], list[int], list[int], list[int]]:
+        first = await engine.generate(session, four, session_id="s")
+        history = session + first.token_ids + [11, 12]
+        fresh = [260 + k for k in range(24)]
+        a, b = await asyncio.gather(engine.generate(history, four, session_id="s"), engine.generate(fresh, four))
+        return history, a.token_ids, fresh, b.token_ids
+
+    history, a, fresh, b = asyncio.run(main())
+    assert groups == [1, 2]
+    assert a == greedy(qwen, history, 4)
+    assert b == greedy(qwen, fresh, 4)
+    watch.assert_within(64 * BYTES_PER_POSITION)
+
+
+def test_a_request_too_big_for_the_budget_fails_naming_the_knob(qwen: PreTrainedModel) -> None:
+    engine = make_engine(qwen, kv_cache_gb=gib(64))
+    too_long = SamplingParams(max_tokens=100, temperature=0.0)
+    with pytest.raises(ValueError, match=r"inference\.kv_cache_gb"):  # not a request waiting forever for room
+        asyncio.run(asyncio.wait_for(engine.generate(PROMPTS[0], too_long), timeout=30))
+    with pytest.raises(ValueError, match="kv_cache_gb"):
+        engine.generate_batch([PROMPTS[0]], [too_long])
+    fits = SamplingParams(max_tokens=64 - len(PROMPTS[0]), temperature=0.0)  # exactly the budget
+    assert engine.generate_batch([PROMPTS[0]], [fits])[0].token_ids == hf_greedy(qwen, [PROMPTS[0]], fits.max_tokens)[0]
+    with pytest.raises(ValueError, match="kv_cache_gb must be > 0"):
+        make_engine(qwen, kv_cache_gb=0.0)
+
+
+def test_the_budget_flows_from_the_config_and_defaults_to_a_quarter_of_ram(tiny_model_dir) -> None:
+    from thermik.training import components
+
+    policy, chat = components.load_policy(ModelConfig(path=str(tiny_model_dir)))
+    ram = default_budget_bytes(torch.device("cpu"))
+    assert ram is not None and ram > 2**28  # a quarter of any machine that runs this suite
+    for gb, expected in ((0.01, int(0.01 * 2**30)), (None, ram), (math.inf, None)):
+        engine = components.build_engine(policy, chat, InferenceConfig(kv_cache_gb=gb))
+        try:
+            assert engine._cache.budget_bytes == expected
+        finally:
+            asyncio.run(engine.close())
+
+
+def test_a_failed_admission_fails_its_requests_instead_of_losing_them(qwen: PreTrainedModel) -> None:
+    engine = make_engine(qwen)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("no room")
+
+    engine._make_room = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="no room"):
+        asyncio.run(asyncio.wait_for(engine.generate(PROMPTS[0], SamplingParams(max_tokens=3)), timeout=30))
