@@ -170,6 +170,66 @@ class DecodeKernels:
         return out
 
 
+class VocabKernels:
+    """ctypes bindings of kernels/vocab.c (token logprobs and entropy over a vocabulary row, forward and backward;
+    training/vocab_logprobs.py, the engine's `sampling.token_logprobs`). Rows are [B, T, V] tensors with contiguous
+    vocabulary entries; each call splits them over torch's thread count (`run_parallel`)."""
+
+    def __init__(self, library: Path) -> None:
+        lib = ctypes.CDLL(str(library))
+        self.forward_fns, self.backward_fns = {}, {}
+        for dtype, suffix in zip(DTYPES, ("f32", "bf16"), strict=True):
+            fwd, bwd = getattr(lib, f"thermik_vocab_forward_{suffix}"), getattr(lib, f"thermik_vocab_backward_{suffix}")
+            fwd.argtypes = [_P, _I, _I, _I, _P, _F, _P, _P, _P]
+            bwd.argtypes = [_P, _I, _I, _I, _P, _F, _P, _P, _P, _P, _P, _I]
+            fwd.restype = bwd.restype = None
+            self.forward_fns[dtype], self.backward_fns[dtype] = fwd, bwd
+
+    @staticmethod
+    def _spans(batch: int, length: int) -> list[tuple[int, int, int]]:
+        """(row, first position, positions) spans: each row of [batch, length] cut into torch's thread count."""
+        threads = max(1, torch.get_num_threads())
+        return [(b, t0, t1 - t0) for b in range(batch) for t0, t1 in split_rows(length, threads)]
+
+    @staticmethod
+    def _run(fn: Callable, args: list[tuple]) -> None:
+        """fn(*a) for every a, in torch's thread count of groups running side by side."""
+        groups = [args[start:end] for start, end in split_rows(len(args), torch.get_num_threads())]
+        run_parallel([(_call_each, fn, group) for group in groups])
+
+    def forward(self, logits: Tensor, targets: Tensor, inv_temp: float, out: tuple[Tensor, Tensor, Tensor]) -> None:
+        """(logp, entropy, log-normaliser) [B, T] float32 into `out` for logits [B, L >= T, V] * inv_temp."""
+        fn, vocab = self.forward_fns[logits.dtype], logits.shape[-1]
+        self._run(fn, [
+            (_at(logits, b, t), n, logits.stride(1), vocab, _at(targets, b, t), inv_temp,
+             *(_at(x, b, t) for x in out))
+            for b, t, n in self._spans(*targets.shape)
+        ])  # fmt: skip
+
+    def backward(
+        self, saved: tuple[Tensor, ...], inv_temp: float, grads: tuple[Tensor, Tensor | None], out: Tensor
+    ) -> None:
+        """The gradient for logits [B, T] rows into `out`, from (logits, targets, lse, entropy) and the output
+        gradients (d logp, d entropy or None)."""
+        logits, targets, lse, entropy = saved
+        fn, vocab = self.backward_fns[logits.dtype], logits.shape[-1]
+        self._run(fn, [
+            (_at(logits, b, t), n, logits.stride(1), vocab, _at(targets, b, t), inv_temp,
+             *(_at(x, b, t) for x in (lse, entropy, *grads)), _at(out, b, t), out.stride(1))
+            for b, t, n in self._spans(*targets.shape)
+        ])  # fmt: skip
+
+
+def _call_each(fn: Callable, args: list[tuple]) -> None:
+    for a in args:
+        fn(*a)
+
+
+def _at(x: Tensor | None, b: int, t: int) -> int | None:
+    """The address of x[b, t] (None for None)."""
+    return None if x is None else x.data_ptr() + x.element_size() * (b * x.stride(0) + t * x.stride(1))
+
+
 def compiled(name: str) -> Path:
     """The shared library of kernels/`name`.c (with common.h), built on first use for this CPU and cached."""
     source = KERNELS / f"{name}.c"
@@ -198,4 +258,15 @@ def load() -> DecodeKernels | None:
             "(slower decode). Install a C compiler (gcc) to enable them.",
             stacklevel=2,
         )
+        return None
+
+
+@cache
+def load_vocab() -> VocabKernels | None:
+    """The vocabulary kernels, or None (warned once) where they cannot be built. Callers check `kernels_enabled()`
+    per call (THERMIK_CPU_KERNELS=0 selects their PyTorch path)."""
+    try:
+        return VocabKernels(compiled("vocab"))
+    except (OSError, RuntimeError) as exc:
+        warnings.warn(f"thermik vocabulary kernels unavailable ({exc}); the PyTorch path runs", stacklevel=2)
         return None

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
+from thermik.inference.cpu_kernels import DTYPES, kernels_enabled, load_vocab
+
 RowParam = float | int | torch.Tensor
 
 
@@ -185,10 +187,16 @@ def sample(
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: RowParam = 1.0) -> torch.Tensor:
     """log softmax(logits / temperature)[token] per row, before any top-k/top-p/min-p filter. Returns [B] float32.
 
-    Greedy rows (temperature 0) use temperature 1, so their logprobs are the model's own distribution.
-    """
+    Greedy rows (temperature 0) use temperature 1, so their logprobs are the model's own distribution. On CPU with one
+    temperature for every row, the vocabulary kernel reads the logits in place (no float32 [B, V] copy; the same
+    float32 arithmetic, `inference/kernels/vocab.c`)."""
     batch = logits.shape[0]
     temp = _column(temperature, batch, torch.float32, logits.device)
     temp = torch.where(temp == 0, torch.ones_like(temp), temp)
+    kernels = load_vocab() if logits.device.type == "cpu" and logits.dtype in DTYPES and kernels_enabled() else None
+    if kernels is not None and logits.stride(-1) == 1 and bool((temp == temp[0]).all()):
+        out = tuple(torch.empty(1, batch) for _ in range(3))
+        kernels.forward(logits[None], token_ids.view(1, batch).contiguous(), 1.0 / float(temp[0]), out)
+        return out[0][0]
     logp = (logits.float() / temp).log_softmax(dim=-1)
     return logp.gather(-1, token_ids.view(batch, 1)).squeeze(-1)

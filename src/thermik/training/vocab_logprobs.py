@@ -16,15 +16,10 @@ including the entropy's own gradient dH/dz = -p (log p + H) when an entropy bonu
 
 from __future__ import annotations
 
-import ctypes
-import warnings
-from collections.abc import Callable
-from functools import cache
-
 import torch
 from torch import Tensor
 
-from thermik.inference.cpu_kernels import compiled, kernels_enabled, run_parallel, split_rows
+from thermik.inference.cpu_kernels import DTYPES, VocabKernels, kernels_enabled, load_vocab
 
 BLOCK_BYTES = 4 << 20  # float32 bytes of one block of rows: inside a core's share of L3 with room to spare
 
@@ -73,78 +68,9 @@ def _torch_backward(
         out[b, t] = block.mul_(inv_temp) if inv_temp != 1.0 else block
 
 
-_F, _I, _P = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
-_SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
-
-
-class _CKernels:
-    """ctypes bindings of kernels/vocab.c; each call splits the rows over torch's thread count
-    (`cpu_kernels.run_parallel`)."""
-
-    def __init__(self) -> None:
-        lib = ctypes.CDLL(str(compiled("vocab")))
-        self.forward_fns, self.backward_fns = {}, {}
-        for dtype, suffix in _SUFFIXES.items():
-            fwd, bwd = getattr(lib, f"thermik_vocab_forward_{suffix}"), getattr(lib, f"thermik_vocab_backward_{suffix}")
-            fwd.argtypes = [_P, _I, _I, _I, _P, _F, _P, _P, _P]
-            bwd.argtypes = [_P, _I, _I, _I, _P, _F, _P, _P, _P, _P, _P, _I]
-            fwd.restype = bwd.restype = None
-            self.forward_fns[dtype], self.backward_fns[dtype] = fwd, bwd
-
-    @staticmethod
-    def _spans(batch: int, length: int) -> list[tuple[int, int, int]]:
-        """(row, first position, positions) spans: each row of [batch, length] cut into torch's thread count."""
-        threads = max(1, torch.get_num_threads())
-        return [(b, t0, t1 - t0) for b in range(batch) for t0, t1 in split_rows(length, threads)]
-
-    @staticmethod
-    def _run(fn: Callable, args: list[tuple]) -> None:
-        """fn(*a) for every a, in torch's thread count of groups running side by side."""
-        groups = [args[start:end] for start, end in split_rows(len(args), torch.get_num_threads())]
-        run_parallel([(_call_each, fn, group) for group in groups])
-
-    def forward(self, logits: Tensor, targets: Tensor, inv_temp: float, out: tuple[Tensor, Tensor, Tensor]) -> None:
-        fn, vocab = self.forward_fns[logits.dtype], logits.shape[-1]
-        self._run(fn, [
-            (_at(logits, b, t), n, logits.stride(1), vocab, _at(targets, b, t), inv_temp,
-             *(_at(x, b, t) for x in out))
-            for b, t, n in self._spans(*targets.shape)
-        ])  # fmt: skip
-
-    def backward(
-        self, saved: tuple[Tensor, ...], inv_temp: float, grads: tuple[Tensor, Tensor | None], out: Tensor
-    ) -> None:
-        logits, targets, lse, entropy = saved
-        fn, vocab = self.backward_fns[logits.dtype], logits.shape[-1]
-        self._run(fn, [
-            (_at(logits, b, t), n, logits.stride(1), vocab, _at(targets, b, t), inv_temp,
-             *(_at(x, b, t) for x in (lse, entropy, *grads)), _at(out, b, t), out.stride(1))
-            for b, t, n in self._spans(*targets.shape)
-        ])  # fmt: skip
-
-
-def _call_each(fn: Callable, args: list[tuple]) -> None:
-    for a in args:
-        fn(*a)
-
-
-def _at(x: Tensor | None, b: int, t: int) -> int | None:
-    """The address of x[b, t] (None for None)."""
-    return None if x is None else x.data_ptr() + x.element_size() * (b * x.stride(0) + t * x.stride(1))
-
-
-@cache
-def _c_kernels() -> _CKernels | None:
-    try:
-        return _CKernels()
-    except (OSError, RuntimeError) as exc:
-        warnings.warn(f"thermik vocabulary kernels unavailable ({exc}); training uses the PyTorch path", stacklevel=3)
-        return None
-
-
-def _kernels_for(logits: Tensor) -> _CKernels | None:
-    usable = logits.device.type == "cpu" and logits.dtype in _SUFFIXES and logits.stride(-1) == 1
-    return _c_kernels() if usable and kernels_enabled() else None
+def _kernels_for(logits: Tensor) -> VocabKernels | None:
+    usable = logits.device.type == "cpu" and logits.dtype in DTYPES and logits.stride(-1) == 1
+    return load_vocab() if usable and kernels_enabled() else None
 
 
 class VocabLogprobs(torch.autograd.Function):
