@@ -32,8 +32,12 @@ class SFTMode(Mode):
         self.examples = encode_all(self.chat, load_conversations(cfg.train_path), cfg.max_length, cfg.env.render_tools)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optimizer)
         self.autocast = autocast_dtype(cfg.model)
-        # The held-out check samples with the current weights, pushed into an engine of its own.
-        self.engine = components.build_engine(self.model, self.chat, InferenceConfig(seed=cfg.seed))
+        # The held-out check samples with the current weights, pushed into an engine of its own, in the trainer's
+        # precision: bfloat16 beside a bf16-mixed trainer, the model's dtype beside a plain one.
+        precision = "bfloat16" if self.autocast is not None else "model"
+        self.engine = components.build_engine(
+            self.model, self.chat, InferenceConfig(seed=cfg.seed, precision=precision)
+        )
         self.make_env = components.env_factory(cfg.env, run.pool)
         self.held_out = generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval")
         self.limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
