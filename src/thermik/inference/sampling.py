@@ -70,7 +70,10 @@ def process_logits(
         raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
     batch, vocab = logits.shape
     if _plain_temperature(temperature, top_k, top_p, min_p, vocab):  # the common case: one scale, no filter
-        return logits.float() / float(temperature)
+        scaled = logits.float()
+        if float(temperature) == 1.0:
+            return scaled.clone() if scaled is logits else scaled  # a new tensor, as documented
+        return scaled.div_(float(temperature)) if scaled is not logits else scaled / float(temperature)
     dev = logits.device
     temp = _column(temperature, batch, torch.float32, dev)
     k = _column(top_k, batch, torch.long, dev)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from thermik.config.schema import InferenceConfig, RunConfig
+from thermik.memory import release_freed_memory
 from thermik.rollout.agent_loop import rollout_rows
 from thermik.rollout.context import RolloutContext, evaluate_held_out
 from thermik.rollout.group_producer import GroupProducer
@@ -159,6 +160,7 @@ async def train(cfg: RunConfig) -> dict[str, Any]:
     finally:
         await mode.stop()
         await run.close()
+        release_freed_memory()
 
 
 def run_rl(cfg: RunConfig) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import torch
 
 from thermik.algorithms.health import nonfinite_entries
 from thermik.config.schema import RunConfig
+from thermik.memory import release_freed_memory
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.training import reference
 from thermik.training.algo_state import AlgorithmState
@@ -151,6 +152,7 @@ async def train_on_batch(
     # meanwhile; then KL controller, health checks, reference refresh.
     t0 = time.perf_counter()
     update_metrics = await asyncio.to_thread(_update, learner, batch, temperature, rollout_is_behaviour)
+    release_freed_memory()  # the update's activations, so the engine's next rollout can reuse the pages
     state_metrics = learner.algo.after_update({**adv_metrics, **update_metrics}, len(batch))
     reference.maybe_refresh(learner.ref, learner.policy, alg, step + 1)
     return {**adv_metrics, **update_metrics, **state_metrics}, time.perf_counter() - t0

@@ -73,16 +73,61 @@ DEFINE_RMS_NORM(thermik_rms_norm_bf16, bf16, bf16_load, bf16_store)
 DEFINE_ROPE_HEAD(rope_head_bf16, thermik_rms_norm_bf16, bf16, bf16_load, bf16_store)
 DEFINE_ROPE_STORE(thermik_rope_store_bf16, rope_head_bf16, bf16)
 
-/* Softmax-weighted sum over the n cached rows of one KV head for its `group` queries qf [group, dim] (float32).
- * Inlined with a constant `dim` for the common head sizes, so the dot products unroll into full vectors. */
-static inline void attend_head(const float *qf, const bf16 *keys, const bf16 *values, int64_t n, int64_t group,
-                               int64_t dim, int64_t stride, float *scores, float *acc) {
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+
+/* The lane sums of 16 vectors: lane j of the result is the sum of v[j]'s 16 lanes (a transpose-and-add tree: 45
+ * shuffles and adds for 16 sums, against 4 steps of a horizontal sum each). */
+static inline __m512 sum_lanes_16(const __m512 *v) {
+    __m512 w[8], x[4];
+    for (int j = 0; j < 8; j++)  /* per 128-bit chunk: [a0+a2, b0+b2, a1+a3, b1+b3] */
+        w[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+    for (int j = 0; j < 4; j++)  /* per 128-bit chunk: the chunk's sums of v[4j .. 4j + 3] */
+        x[j] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* scores[t] = q . keys[t] for the first multiple of 16 of the n keys (dim a multiple of 32), with AVX512-BF16's
+ * bfloat16 pair products summed in float32 (the inputs are bfloat16 already: no rounding is added); returns how
+ * many were done. */
+static inline int64_t dot_keys_bf16(const bf16 *q, const bf16 *keys, int64_t n, int64_t dim, float *scores) {
+    int64_t t0 = 0;
+    for (; t0 + 16 <= n; t0 += 16) {
+        __m512 v[16];
+        for (int j = 0; j < 16; j++) {
+            const bf16 *k = keys + (t0 + j) * dim;
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t i = 0; i < dim; i += 32)
+                acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + i), (__m512bh)_mm512_loadu_si512(k + i));
+            v[j] = acc;
+        }
+        _mm512_storeu_ps(scores + t0, sum_lanes_16(v));
+    }
+    return t0;
+}
+
+#endif
+
+/* Softmax-weighted sum over the n cached rows of one KV head for its `group` queries q [group, dim] (bfloat16, and
+ * qf: the same in float32). Inlined with a constant `dim` for the common head sizes, so the loops unroll into full
+ * vectors. */
+static inline void attend_head(const bf16 *q, const float *qf, const bf16 *keys, const bf16 *values, int64_t n,
+                               int64_t group, int64_t dim, int64_t stride, float *scores, float *acc) {
     float row[1024];
-    for (int64_t t = 0; t < n; t++) {
-        for (int64_t i = 0; i < dim; i++) row[i] = bf16_load(keys[t * dim + i]);
-        for (int64_t g = 0; g < group; g++) {
+    for (int64_t g = 0; g < group; g++) {
+        int64_t t = 0;
+#ifdef __AVX512BF16__
+        if (dim % 32 == 0) t = dot_keys_bf16(q + g * dim, keys, n, dim, scores + g * stride);
+#endif
+        for (; t < n; t++) {
             float dot = 0.0f;
-            for (int64_t i = 0; i < dim; i++) dot += qf[g * dim + i] * row[i];
+            for (int64_t i = 0; i < dim; i++) dot += qf[g * dim + i] * bf16_load(keys[t * dim + i]);
             scores[g * stride + t] = dot;
         }
     }
@@ -118,12 +163,13 @@ void thermik_decode_attention_bf16(const bf16 *q, const bf16 *k_cache, const bf1
             const int64_t head0 = (b * kv_heads + h) * group, at = (slot[b] * kv_heads + h) * max_len * dim;
             float *scores = scratch, *acc = scratch + group * max_len;
             for (int64_t i = 0; i < group * dim; i++) qf[i] = bf16_load(q[head0 * dim + i]);
+            const bf16 *qb = q + head0 * dim, *keys = k_cache + at, *values = v_cache + at;
             if (dim == 64)
-                attend_head(qf, k_cache + at, v_cache + at, len[b], group, 64, max_len, scores, acc);
+                attend_head(qb, qf, keys, values, len[b], group, 64, max_len, scores, acc);
             else if (dim == 128)
-                attend_head(qf, k_cache + at, v_cache + at, len[b], group, 128, max_len, scores, acc);
+                attend_head(qb, qf, keys, values, len[b], group, 128, max_len, scores, acc);
             else
-                attend_head(qf, k_cache + at, v_cache + at, len[b], group, dim, max_len, scores, acc);
+                attend_head(qb, qf, keys, values, len[b], group, dim, max_len, scores, acc);
             for (int64_t i = 0; i < group * dim; i++) out[head0 * dim + i] = bf16_store(acc[i]);
         }
     }
