@@ -165,3 +165,15 @@ def test_engine_benchmark_roofline_counts_every_projection(engine_bench) -> None
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     assert flops == 2 * linear
     assert engine_bench.matmul_seconds(4, 64, 96, torch.bfloat16, repeats=1) > 0
+
+
+def test_engine_step_sections_tool_times_every_section(tiny_model_dir, capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/engine_step_sections.py on the tiny preset: every section is timed, and the parts fit the step."""
+    from tests.conftest import load_benchmark
+
+    for tool in load_benchmark("engine_step_sections"):
+        per_step = tool.main(["--model", str(tiny_model_dir), "--batch", "4", "--tokens", "6", "--prompt-tokens", "5"])
+    assert set(per_step) == set(tool.SECTIONS) and per_step["decode step"] > 0
+    assert per_step["sample+record"] < per_step["decode step"]
+    assert per_step["sample"] + per_step["process_logits"] + per_step["token_logprobs"] <= per_step["sample+record"]
+    assert "5 decode steps" in capsys.readouterr().out

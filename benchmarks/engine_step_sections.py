@@ -1,0 +1,85 @@
+"""Where one decode step of the embedded engine's own loop goes: each section timed by wrapping the engine's methods.
+
+Unlike `profile_engine.py` (the native forward under the torch profiler), this runs `EmbeddedEngine.generate_batch`
+as a rollout does, scheduler thread included, and reports milliseconds per decode step for the whole step, the
+forward, the C decode attention, RoPE + KV store and RMSNorm kernels, and the sampling side (`process_logits`,
+`sample`, `token_logprobs`). A profiling tool, not a comparison: run it before and after a change.
+
+    python benchmarks/engine_step_sections.py --model /work/models/SmolLM2-135M-Instruct --batch 64 --tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import AutoModelForCausalLM
+
+import thermik.inference.embedded as embedded_module
+from thermik.inference.base import SamplingParams
+from thermik.inference.embedded import embedded_engine
+
+SECTIONS = ("decode step", "forward", "attention", "rope+store", "rms norm", "sample+record", "process_logits",
+            "sample", "token_logprobs")  # fmt: skip
+
+
+def wrap(owner: object, name: str, key: str, totals: dict[str, float], calls: collections.Counter) -> None:
+    """Replace owner.name with a version that adds its wall time to totals[key] and counts its calls."""
+    inner: Callable = getattr(owner, name)
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            totals[key] += time.perf_counter() - t0
+            calls[key] += 1
+
+    setattr(owner, name, timed)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a local HF model directory")
+    parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=128, help="sampled tokens per request")
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    args = parser.parse_args(argv)
+    model = AutoModelForCausalLM.from_pretrained(args.model, local_files_only=True, dtype=torch.float32)
+    engine = embedded_engine(model, precision=args.dtype, eos_token_ids=[], pad_token_id=0, max_batch_size=args.batch)
+    totals: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+    wrap(engine, "_decode_step", "decode step", totals, calls)
+    wrap(engine.native, "forward", "forward", totals, calls)
+    wrap(engine, "_sample_and_record", "sample+record", totals, calls)
+    for name in ("process_logits", "sample", "token_logprobs"):
+        wrap(embedded_module, name, name, totals, calls)
+    if engine.native.kernels is not None:
+        for name, key in (("decode_attention", "attention"), ("rope_store", "rope+store"), ("rms_norm", "rms norm")):
+            wrap(engine.native.kernels, name, key, totals, calls)
+    rng = random.Random(0)
+    vocab = model.config.vocab_size
+    prompts = [[rng.randrange(vocab) for _ in range(args.prompt_tokens)] for _ in range(args.batch)]
+    params = [SamplingParams(max_tokens=args.tokens, temperature=1.0, seed=i) for i in range(args.batch)]
+    engine.generate_batch(prompts, params)  # warm-up: oneDNN primitives, cache buffers
+    totals.clear()
+    calls.clear()
+    t0 = time.perf_counter()
+    engine.generate_batch(prompts, params)
+    wall = time.perf_counter() - t0
+    steps = calls["decode step"]  # the forward's total also holds the prefill
+    print(f"{args.model}, {args.dtype}, batch {args.batch} x {args.tokens} tokens, {torch.get_num_threads()} threads: "
+          f"{args.batch * args.tokens / wall:.0f} tok/s, {steps} decode steps")  # fmt: skip
+    per_step = {key: 1e3 * totals[key] / max(steps, 1) for key in SECTIONS}
+    for key in SECTIONS:
+        print(f"  {key:<15} {per_step[key]:7.2f} ms/step")
+    return per_step
+
+
+if __name__ == "__main__":
+    main()
