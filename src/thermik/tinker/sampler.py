@@ -17,6 +17,7 @@ from thermik.inference.base import SamplingParams
 from thermik.inference.embedded import embedded_engine
 from thermik.tinker.trainer import merged_copy
 from thermik.tinker.wire import Sequence
+from thermik.training.vocab_logprobs import vocab_logprobs
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -116,6 +117,5 @@ def _with_seed(params: SamplingParams, seed: int | None) -> SamplingParams:
 def _prompt_logprobs(model: torch.nn.Module, prompt: list[int]) -> list[float]:
     """log p(prompt[i] | prompt[:i]) for i >= 1; NaN at 0 (no context), which the SDK reads as None."""
     ids = torch.tensor([prompt], device=next(model.parameters()).device)
-    logits = model(input_ids=ids).logits[0, :-1].float()
-    lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
-    return [float("nan"), *lp.cpu().tolist()]
+    lp, _ = vocab_logprobs(model(input_ids=ids).logits, ids[:, 1:])
+    return [float("nan"), *lp[0].cpu().tolist()]

@@ -22,6 +22,7 @@ from thermik.models.loading import load_model
 from thermik.tinker.losses import compute_loss
 from thermik.tinker.wire import Datum
 from thermik.training.precision import train_autocast
+from thermik.training.vocab_logprobs import vocab_logprobs
 
 LORA_ALPHA = 32.0  # Tinker scales every rank's update by a fixed alpha
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -114,8 +115,8 @@ class Trainer:
         inputs = {k: pad(k, torch.float32) for k in ("weights", "logprobs", "advantages") if k in data[0].inputs}
         with torch.set_grad_enabled(not forward_only):
             with train_autocast(model, self.autocast):
-                logits = model(input_ids=tokens, attention_mask=mask.long()).logits.float()
-            logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+                logits = model(input_ids=tokens, attention_mask=mask.long()).logits
+            logp, _ = vocab_logprobs(logits, targets)
             result = compute_loss(loss_fn, config, logp, inputs, mask)
             if not forward_only:
                 result.loss.backward()
