@@ -76,6 +76,37 @@ def test_logprobs_entropy_and_gradients_equal_the_plain_forward(model: torch.nn.
         assert (g_shared - g_plain).norm() <= 1e-5 * g_plain.norm() + 1e-7
 
 
+def test_only_the_trained_positions_reach_the_lm_head(model: torch.nn.Module) -> None:
+    """`only` (the loss mask, with holes where tool results sit): those positions equal the plain forward's, values
+    and gradients of a loss over them; every other position is 0 and the lm head ran on the trained tokens only."""
+    ids, attention, prompt_lens, response = grouped_batch(model.config.vocab_size)
+    trained = response.clone()
+    trained[:, 1::3] = 0  # untrained holes inside the responses
+    weights = torch.randn(response.shape, generator=torch.Generator().manual_seed(4))
+    results = []
+    for fn in (
+        lambda: token_logprobs(model, ids, attention, 0.8),
+        lambda: token_logprobs_shared(model, ids, attention, prompt_lens, 0.8, only=trained),
+    ):
+        model.zero_grad()
+        logp, entropy = fn()
+        ((logp + 0.1 * entropy) * weights * trained).sum().backward()
+        results.append((logp.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()]))
+    (plain_logp, plain_entropy, plain_grads), (logp, entropy, grads) = results
+    torch.testing.assert_close(logp * trained, plain_logp * trained, atol=2e-5, rtol=0)
+    torch.testing.assert_close(entropy * trained, plain_entropy * trained, atol=2e-5, rtol=0)
+    assert torch.all(logp[trained == 0] == 0) and torch.all(entropy[trained == 0] == 0)
+    for g, g_plain in zip(grads, plain_grads, strict=True):
+        assert (g - g_plain).norm() <= 1e-5 * g_plain.norm() + 1e-7
+    rows_seen = []
+    handle = model.lm_head.register_forward_hook(lambda mod, args, out: rows_seen.append(args[0].shape[-2]))
+    try:
+        token_logprobs_shared(model, ids, attention, prompt_lens, only=trained)
+    finally:
+        handle.remove()
+    assert rows_seen == [int(trained.sum())]
+
+
 @pytest.mark.parametrize("shared", [False, True])
 def test_entropy_without_a_bonus_builds_no_graph(model: torch.nn.Module, shared: bool) -> None:
     """entropy_grad=False (no entropy bonus): the same values, no graph through the entropy, logp still trains."""

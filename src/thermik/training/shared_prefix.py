@@ -78,9 +78,13 @@ def token_logprobs_shared(
     prompt_lens: Tensor,
     temperature: float = 1.0,
     entropy_grad: bool = True,
+    only: Tensor | None = None,
 ) -> tuple[Tensor, Tensor] | None:
     """(logp [B, L-1], entropy [B, L-1]) like `batch.token_logprobs`, prompts computed once per group; None when
-    this forward does not apply (the caller then runs the plain one)."""
+    this forward does not apply (the caller then runs the plain one). only [B, L-1]: compute the lm head and the
+    vocabulary work at the positions where it is nonzero (the trained tokens), 0 elsewhere: a batch padded to its
+    longest response, with tool results inside, has several times more positions than trained tokens, and the lm
+    head is the largest product of a small model."""
     if not supports_shared_prefix(model):
         return None
     plan = plan_prefixes(input_ids, attention_mask, prompt_lens)
@@ -90,12 +94,19 @@ def token_logprobs_shared(
     prompt_hidden, response_hidden, response_ids = _forward(lm, input_ids, plan)
     last = prompt_hidden[torch.arange(plan.num_groups), plan.prompt_lens - 1]  # predicts each response's 1st token
     hidden = torch.cat([last[plan.group_of_row, None], response_hidden[:, :-1]], dim=1)  # [B, S, H]
-    logits = lm.lm_head(lm.model.norm(hidden))
-    logp, entropy = logprobs_and_entropy(logits, response_ids, temperature, entropy_grad)
     # Response position j of row i is next-token position prompt_len_i - 1 + j of the plain layout.
     width = input_ids.shape[1] - 1
     span = response_ids.shape[1]
     cols = plan.row_prompt_lens[:, None] - 1 + torch.arange(span)[None]
+    if only is not None:
+        keep = (cols < width) & (only.gather(1, cols.clamp(max=width - 1)) != 0)
+        rows, at = keep.nonzero(as_tuple=True)
+        logits = lm.lm_head(lm.model.norm(hidden[rows, at]))[None]  # [1, K, V]
+        logp, entropy = logprobs_and_entropy(logits, response_ids[rows, at][None], temperature, entropy_grad)
+        where = (rows, cols[rows, at])
+        return tuple(x.new_zeros(len(cols), width).index_put(where, x[0]) for x in (logp, entropy))
+    logits = lm.lm_head(lm.model.norm(hidden))
+    logp, entropy = logprobs_and_entropy(logits, response_ids, temperature, entropy_grad)
     return _place(logp, cols, width), _place(entropy, cols, width)
 
 

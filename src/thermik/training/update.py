@@ -45,12 +45,12 @@ def batch_logprobs(
     entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp, entropy) [B, L-1] of the micro-batch: each shared prompt computed once when `shared_prefix` and the
-    model allow it (equal on response positions; prompt positions are then 0), else the plain forward.
+    model allow it (equal on the trained positions, `mb.mask`; the others are then 0), else the plain forward.
     autocast: bfloat16 for mixed precision (training/precision.py); logp and entropy are float32 either way."""
     with train_autocast(model, autocast):
         if shared_prefix and mb.prompt_lens is not None:
             out = token_logprobs_shared(
-                model, mb.input_ids, mb.attention_mask, mb.prompt_lens, temperature, entropy_grad
+                model, mb.input_ids, mb.attention_mask, mb.prompt_lens, temperature, entropy_grad, only=mb.mask
             )
             if out is not None:
                 return out
