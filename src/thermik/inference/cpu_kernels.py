@@ -1,4 +1,5 @@
-"""Fused float32 / bfloat16 CPU kernels for the embedded engine's decode step (kernels/decode.c), compiled on first use.
+"""Fused float32 / bfloat16 CPU kernels, compiled on first use: the embedded engine's decode step (kernels/decode.c)
+and the vocabulary-sized logprob work shared by the trainer and the engine (kernels/vocab.c, `VocabKernels`).
 
 A decode step of a small model on CPU spends more time dispatching ~20 small PyTorch ops per layer than in
 its matrix products. `kernels/decode.c` does the elementwise work of a layer (RMSNorm, RoPE + KV-cache
@@ -6,8 +7,9 @@ store) in three serial C calls, the way vLLM's CPU backend ships its own kernels
 with the system C compiler (`cc -O3 -march=native`, about a second) into ~/.cache/thermik/kernels, keyed
 by the source and this machine's CPU, and loaded with ctypes (no PyTorch headers: nothing slow to build).
 
-`load()` returns None, after one warning, when no compiler is found or the build fails; the engine then uses
-its pure-PyTorch path. THERMIK_CPU_KERNELS=0 turns the kernels off.
+`load()` / `load_vocab()` return None, after one warning, when no compiler is found or the build fails; the
+callers then use their pure-PyTorch paths. THERMIK_CPU_KERNELS=0 turns the kernels off. `run_parallel` spreads
+calls over a thread pool (ctypes releases the GIL).
 """
 
 from __future__ import annotations
