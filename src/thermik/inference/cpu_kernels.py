@@ -263,6 +263,13 @@ def load() -> DecodeKernels | None:
         return None
 
 
+def vocab_kernels_for(logits: Tensor) -> VocabKernels | None:
+    """The vocabulary kernels where they can read `logits` in place (CPU, float32 or bfloat16, contiguous vocabulary
+    entries, kernels on), else None: the caller runs its PyTorch path."""
+    usable = logits.device.type == "cpu" and logits.dtype in DTYPES and logits.stride(-1) == 1
+    return load_vocab() if usable and kernels_enabled() else None
+
+
 @cache
 def load_vocab() -> VocabKernels | None:
     """The vocabulary kernels, or None (warned once) where they cannot be built. Callers check `kernels_enabled()`

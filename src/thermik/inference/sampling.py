@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from thermik.inference.cpu_kernels import DTYPES, kernels_enabled, load_vocab
+from thermik.inference.cpu_kernels import vocab_kernels_for
 
 RowParam = float | int | torch.Tensor
 
@@ -70,10 +70,8 @@ def process_logits(
         raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
     batch, vocab = logits.shape
     if _plain_temperature(temperature, top_k, top_p, min_p, vocab):  # the common case: one scale, no filter
-        scaled = logits.float()
-        if float(temperature) == 1.0:
-            return scaled.clone() if scaled is logits else scaled  # a new tensor, as documented
-        return scaled.div_(float(temperature)) if scaled is not logits else scaled / float(temperature)
+        out = logits.to(torch.float32, copy=True)
+        return out if float(temperature) == 1.0 else out.div_(float(temperature))
     dev = logits.device
     temp = _column(temperature, batch, torch.float32, dev)
     k = _column(top_k, batch, torch.long, dev)
@@ -196,8 +194,8 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: R
     batch = logits.shape[0]
     temp = _column(temperature, batch, torch.float32, logits.device)
     temp = torch.where(temp == 0, torch.ones_like(temp), temp)
-    kernels = load_vocab() if logits.device.type == "cpu" and logits.dtype in DTYPES and kernels_enabled() else None
-    if kernels is not None and logits.stride(-1) == 1 and bool((temp == temp[0]).all()):
+    kernels = vocab_kernels_for(logits)
+    if kernels is not None and bool((temp == temp[0]).all()):
         out = tuple(torch.empty(1, batch) for _ in range(3))
         kernels.forward(logits[None], token_ids.view(1, batch).contiguous(), 1.0 / float(temp[0]), out)
         return out[0][0]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from thermik.inference.cpu_kernels import DTYPES, VocabKernels, kernels_enabled, load_vocab
+from thermik.inference.cpu_kernels import vocab_kernels_for
 
 BLOCK_BYTES = 4 << 20  # float32 bytes of one block of rows: inside a core's share of L3 with room to spare
 
@@ -68,11 +68,6 @@ def _torch_backward(
         out[b, t] = block.mul_(inv_temp) if inv_temp != 1.0 else block
 
 
-def _kernels_for(logits: Tensor) -> VocabKernels | None:
-    usable = logits.device.type == "cpu" and logits.dtype in DTYPES and logits.stride(-1) == 1
-    return load_vocab() if usable and kernels_enabled() else None
-
-
 class VocabLogprobs(torch.autograd.Function):
     """(logp [B, T], entropy [B, T]) of `targets` [B, T] under softmax(logits[:, :T] * inv_temp), float32.
     logits [B, L, V] with L >= T: the caller's logits as the model returned them (slicing off the last position
@@ -83,7 +78,7 @@ class VocabLogprobs(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         targets = targets.contiguous()
         out = tuple(torch.empty(targets.shape, dtype=torch.float32, device=logits.device) for _ in range(3))
-        kernels = _kernels_for(logits)
+        kernels = vocab_kernels_for(logits)
         (kernels.forward if kernels else _torch_forward)(logits, targets, inv_temp, out)
         logp, entropy, lse = out
         ctx.save_for_backward(logits, targets, lse, entropy)
@@ -98,7 +93,7 @@ class VocabLogprobs(torch.autograd.Function):
         grad_entropy = None if grad_entropy is None else grad_entropy.float().contiguous()
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         grad[:, targets.shape[1] :] = 0
-        kernels = _kernels_for(logits)
+        kernels = vocab_kernels_for(logits)
         (kernels.backward if kernels else _torch_backward)(saved, ctx.inv_temp, (grad_logp, grad_entropy), grad)
         return grad, None, None
 
