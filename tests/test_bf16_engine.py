@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 
 import pytest
 import torch
@@ -176,4 +177,7 @@ def test_engine_step_sections_tool_times_every_section(tiny_model_dir, capsys: p
     assert set(per_step) == set(tool.SECTIONS) and per_step["decode step"] > 0
     assert per_step["sample+record"] < per_step["decode step"]
     assert per_step["sample"] + per_step["process_logits"] + per_step["token_logprobs"] <= per_step["sample+record"]
-    assert "5 decode steps" in capsys.readouterr().out
+    # 6 tokens = the prefill's + 5 decode steps per request; the scheduler may admit the 4 requests in more than one
+    # wave (a loaded machine), which adds steps but never removes one.
+    steps = int(re.search(r"(\d+) decode steps", capsys.readouterr().out).group(1))
+    assert 5 <= steps <= 4 * 5
