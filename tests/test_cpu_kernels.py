@@ -86,6 +86,53 @@ def test_a_missing_compiler_warns_and_falls_back(monkeypatch: pytest.MonkeyPatch
         assert cpu_kernels.load.__wrapped__() is None
 
 
+def _attention_inputs(batch: int = 16) -> tuple:
+    g = torch.Generator().manual_seed(0)
+    keys, values = (torch.randn(batch + 2, 2, 40, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    q = torch.randn(batch, 6, 64, generator=g).to(torch.bfloat16)
+    return (
+        q,
+        (keys, values),
+        torch.randperm(batch + 2, generator=g)[:batch],
+        torch.randint(1, 41, (batch,), generator=g),
+    )
+
+
+@needs_kernels
+@pytest.mark.skipif(not os.path.isfile("/proc/self/maps"), reason="needs /proc to list the loaded libraries")
+def test_kernels_run_on_torchs_own_openmp_runtime() -> None:
+    """Built with OpenMP, the kernels bind to the runtime torch loaded: one libgomp in the process, so their
+    threads are torch's workers (a second runtime would fight them for the cores)."""
+    with open("/proc/self/maps") as f:
+        maps = f.read().splitlines()
+    runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line or "libomp" in line}
+    library = {line.split()[-1] for line in maps if "decode-" in line and line.endswith(".so")}
+    assert library, "the decode kernels library is not mapped"
+    assert len(runtimes) <= 1, runtimes
+
+
+@needs_kernels
+def test_kernels_build_and_agree_without_openmp(monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike) -> None:
+    """A compiler without OpenMP still builds the kernels (serial); they compute the same attention."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(cpu_kernels, "OPENMP", "-fno-such-openmp-flag")
+    serial = cpu_kernels.DecodeKernels(cpu_kernels.compiled("decode"))
+    inputs = _attention_inputs()
+    assert torch.equal(serial.decode_attention(*inputs), kernels.decode_attention(*inputs))
+
+
+@needs_kernels
+def test_decode_attention_is_the_same_on_any_thread_count() -> None:
+    inputs, threads = _attention_inputs(), torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernels.decode_attention(*inputs)
+        torch.set_num_threads(2)
+        assert torch.equal(kernels.decode_attention(*inputs), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_the_pytorch_path_runs_without_kernels() -> None:
     native = NativeCausalLM(tiny_model("qwen2"))
     native.kernels = None

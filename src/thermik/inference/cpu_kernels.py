@@ -8,8 +8,8 @@ with the system C compiler (`cc -O3 -march=native`, about a second) into ~/.cach
 by the source and this machine's CPU, and loaded with ctypes (no PyTorch headers: nothing slow to build).
 
 `load()` / `load_vocab()` return None, after one warning, when no compiler is found or the build fails; the
-callers then use their pure-PyTorch paths. THERMIK_CPU_KERNELS=0 turns the kernels off. `run_parallel` spreads
-calls over a thread pool (ctypes releases the GIL).
+callers then use their pure-PyTorch paths. THERMIK_CPU_KERNELS=0 turns the kernels off. The kernels split rows
+over torch's thread count with OpenMP, on torch's own OpenMP runtime (kernels/common.h says why).
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import platform
 import shutil
 import subprocess
 import warnings
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
@@ -36,6 +34,7 @@ MAX_GROUP_DIM = 4096  # query heads per KV head * head_dim: the bfloat16 attenti
 # Reassociation alone lets the sums vectorize.
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros")
 FLAGS += ("-fPIC", "-shared")
+OPENMP = "-fopenmp"  # dropped when the compiler lacks it: the kernels then run on the calling thread
 _F, _I, _P = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
 
 
@@ -60,36 +59,24 @@ def _build(source: Path, library: Path) -> None:
         raise RuntimeError("no C compiler (cc/gcc) on PATH")
     library.parent.mkdir(parents=True, exist_ok=True)
     partial = library.with_name(f"{library.name}.{os.getpid()}.tmp")
-    result = subprocess.run([compiler, *FLAGS, str(source), "-o", str(partial), "-lm"], capture_output=True, text=True)
-    if result.returncode != 0:
-        partial.unlink(missing_ok=True)
-        raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:500]}")
-    partial.replace(library)  # atomic: a concurrent process sees the whole library or none
+    for flags in ((*FLAGS, OPENMP), FLAGS):
+        result = subprocess.run(
+            [compiler, *flags, str(source), "-o", str(partial), "-lm"], capture_output=True, text=True
+        )
+        if result.returncode == 0:
+            partial.replace(library)  # atomic: a concurrent process sees the whole library or none
+            return
+    partial.unlink(missing_ok=True)
+    raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:500]}")
 
 
 DTYPES = (torch.float32, torch.bfloat16)  # the element types decode.c has kernels for
 MIN_PARALLEL_ROWS = 8  # a decode attention over fewer rows runs on the calling thread
 
 
-@cache
-def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="thermik-kernels")
-
-
-def run_parallel(calls: list[tuple[Callable, ...]]) -> None:
-    """Run each (function, *args) call, the first on this thread and the rest on a pool. ctypes releases the GIL
-    around a foreign call, so calls into the C kernels run on as many cores as there are calls."""
-    futures = [_pool().submit(*call) for call in calls[1:]]
-    if calls:
-        calls[0][0](*calls[0][1:])
-    for future in futures:
-        future.result()
-
-
-def split_rows(rows: int, parts: int) -> list[tuple[int, int]]:
-    """[start, end) ranges cutting `rows` into at most `parts` near-equal, non-empty pieces."""
-    parts = max(1, min(parts, rows))
-    return [(rows * i // parts, rows * (i + 1) // parts) for i in range(parts)]
+def _threads(rows: int = MIN_PARALLEL_ROWS) -> int:
+    """torch's thread count for a kernel over `rows` rows (one thread for a handful of rows)."""
+    return max(1, torch.get_num_threads()) if rows >= MIN_PARALLEL_ROWS else 1
 
 
 class DecodeKernels:
@@ -106,7 +93,7 @@ class DecodeKernels:
             rope.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _F, _P, _P, _I, _P, _F]
             rms.restype = rope.restype = None
             self._rms_norm[dtype], self._rope_store[dtype] = rms, rope
-        lib.thermik_decode_attention_bf16.argtypes = [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _P]
+        lib.thermik_decode_attention_bf16.argtypes = [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P, _I]
         lib.thermik_decode_attention_bf16.restype = None
         self._lib = lib
 
@@ -160,83 +147,59 @@ class DecodeKernels:
         batch, heads, dim = q.shape
         kv_heads, max_len = keys.shape[1], keys.shape[2]
         group = heads // kv_heads
-        parts = split_rows(batch, torch.get_num_threads() if batch >= MIN_PARALLEL_ROWS else 1)
-        scratch = torch.empty(len(parts), group * (max_len + dim), dtype=torch.float32)
+        threads = _threads(batch)
+        scratch = torch.empty(threads, group * (max_len + dim), dtype=torch.float32)
         out = torch.empty_like(q)
-        fn = self._lib.thermik_decode_attention_bf16
-        run_parallel([
-            (fn, q.data_ptr(), keys.data_ptr(), values.data_ptr(), slots.data_ptr(), lengths.data_ptr(),
-             start, end, kv_heads, group, dim, max_len, scratch[i].data_ptr(), out.data_ptr())
-            for i, (start, end) in enumerate(parts)
-        ])  # fmt: skip
+        self._lib.thermik_decode_attention_bf16(
+            q.data_ptr(), keys.data_ptr(), values.data_ptr(), slots.data_ptr(), lengths.data_ptr(), batch, kv_heads,
+            group, dim, max_len, scratch.data_ptr(), out.data_ptr(), threads,
+        )  # fmt: skip
         return out
 
 
 class VocabKernels:
     """ctypes bindings of kernels/vocab.c (token logprobs and entropy over a vocabulary row, forward and backward;
     training/vocab_logprobs.py, the engine's `sampling.token_logprobs`). Rows are [B, T, V] tensors with contiguous
-    vocabulary entries; each call splits them over torch's thread count (`run_parallel`)."""
+    vocabulary entries; each call splits them over torch's thread count."""
 
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))
         self.forward_fns, self.backward_fns = {}, {}
         for dtype, suffix in zip(DTYPES, ("f32", "bf16"), strict=True):
             fwd, bwd = getattr(lib, f"thermik_vocab_forward_{suffix}"), getattr(lib, f"thermik_vocab_backward_{suffix}")
-            fwd.argtypes = [_P, _I, _I, _I, _P, _F, _P, _P, _P]
-            bwd.argtypes = [_P, _I, _I, _I, _P, _F, _P, _P, _P, _P, _P, _I]
+            fwd.argtypes = [_P, _I, _I, _I, _I, _I, _P, _F, _P, _P, _P, _I]
+            bwd.argtypes = [_P, _I, _I, _I, _I, _I, _P, _F, _P, _P, _P, _P, _P, _I, _I, _I]
             fwd.restype = bwd.restype = None
             self.forward_fns[dtype], self.backward_fns[dtype] = fwd, bwd
 
-    @staticmethod
-    def _spans(batch: int, length: int) -> list[tuple[int, int, int]]:
-        """(row, first position, positions) spans: each row of [batch, length] cut into torch's thread count."""
-        threads = max(1, torch.get_num_threads())
-        return [(b, t0, t1 - t0) for b in range(batch) for t0, t1 in split_rows(length, threads)]
-
-    @staticmethod
-    def _run(fn: Callable, args: list[tuple]) -> None:
-        """fn(*a) for every a, in torch's thread count of groups running side by side."""
-        groups = [args[start:end] for start, end in split_rows(len(args), torch.get_num_threads())]
-        run_parallel([(_call_each, fn, group) for group in groups])
-
     def forward(self, logits: Tensor, targets: Tensor, inv_temp: float, out: tuple[Tensor, Tensor, Tensor]) -> None:
-        """(logp, entropy, log-normaliser) [B, T] float32 into `out` for logits [B, L >= T, V] * inv_temp."""
-        fn, vocab = self.forward_fns[logits.dtype], logits.shape[-1]
-        self._run(fn, [
-            (_at(logits, b, t), n, logits.stride(1), vocab, _at(targets, b, t), inv_temp,
-             *(_at(x, b, t) for x in out))
-            for b, t, n in self._spans(*targets.shape)
-        ])  # fmt: skip
+        """(logp, entropy, log-normaliser) [B, T] float32 into `out` for logits [B, L >= T, V] * inv_temp (targets and
+        `out` contiguous)."""
+        batch, length = targets.shape
+        self.forward_fns[logits.dtype](
+            logits.data_ptr(), batch, length, logits.stride(0), logits.stride(1), logits.shape[-1], targets.data_ptr(),
+            inv_temp, *(x.data_ptr() for x in out), _threads(batch * length),
+        )  # fmt: skip
 
     def backward(
         self, saved: tuple[Tensor, ...], inv_temp: float, grads: tuple[Tensor, Tensor | None], out: Tensor
     ) -> None:
         """The gradient for logits [B, T] rows into `out`, from (logits, targets, lse, entropy) and the output
-        gradients (d logp, d entropy or None)."""
+        gradients (d logp, d entropy or None; contiguous)."""
         logits, targets, lse, entropy = saved
-        fn, vocab = self.backward_fns[logits.dtype], logits.shape[-1]
-        self._run(fn, [
-            (_at(logits, b, t), n, logits.stride(1), vocab, _at(targets, b, t), inv_temp,
-             *(_at(x, b, t) for x in (lse, entropy, *grads)), _at(out, b, t), out.stride(1))
-            for b, t, n in self._spans(*targets.shape)
-        ])  # fmt: skip
-
-
-def _call_each(fn: Callable, args: list[tuple]) -> None:
-    for a in args:
-        fn(*a)
-
-
-def _at(x: Tensor | None, b: int, t: int) -> int | None:
-    """The address of x[b, t] (None for None)."""
-    return None if x is None else x.data_ptr() + x.element_size() * (b * x.stride(0) + t * x.stride(1))
+        batch, length = targets.shape
+        self.backward_fns[logits.dtype](
+            logits.data_ptr(), batch, length, logits.stride(0), logits.stride(1), logits.shape[-1], targets.data_ptr(),
+            inv_temp, *(None if x is None else x.data_ptr() for x in (lse, entropy, *grads)), out.data_ptr(),
+            out.stride(0), out.stride(1), _threads(batch * length),
+        )  # fmt: skip
 
 
 def compiled(name: str) -> Path:
     """The shared library of kernels/`name`.c (with common.h), built on first use for this CPU and cached."""
     source = KERNELS / f"{name}.c"
     code = source.read_bytes() + (KERNELS / "common.h").read_bytes()
-    build = " ".join((*FLAGS, _cpu_signature(), platform.machine())).encode()
+    build = " ".join((*FLAGS, OPENMP, _cpu_signature(), platform.machine())).encode()
     library = _cache_dir() / f"{name}-{hashlib.sha256(code + build).hexdigest()[:16]}.so"
     if not library.is_file():
         _build(source, library)

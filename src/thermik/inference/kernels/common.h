@@ -1,10 +1,22 @@
-/* Shared by thermik's CPU kernels (decode.c, vocab.c): bfloat16 loads and stores, and a vectorizable e^x. */
+/* Shared by thermik's CPU kernels (decode.c, vocab.c): bfloat16 loads and stores, a vectorizable e^x, and OpenMP.
+ *
+ * The kernels split their rows over threads with OpenMP, built with -fopenmp and linked by soname against
+ * libgomp.so.1: in a process that imported torch first, that is torch's own runtime (one OpenMP runtime, one
+ * thread team), so the kernels run on the same workers that just ran torch's matmuls. A Python thread pool there
+ * fought those workers, still spinning after the matmul, for the cores (2x slower decode attention on 2 cores).
+ * Built without OpenMP, the pragmas are ignored and every kernel runs on the calling thread. */
 #ifndef THERMIK_KERNELS_COMMON_H
 #define THERMIK_KERNELS_COMMON_H
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static inline int omp_get_thread_num(void) { return 0; }
+#endif
 
 typedef uint16_t bf16;
 

@@ -149,19 +149,21 @@ static inline void attend_head(const bf16 *q, const float *qf, const bf16 *keys,
     }
 }
 
-/* Attention of one decode step in bfloat16, softmax and sums in float32, for batch rows [row0, row1). Queries
+/* Attention of one decode step in bfloat16, softmax and sums in float32, over `threads` OpenMP threads. Queries
  * q [B, kv_heads * group, dim] (RoPE'd and scaled; the heads of KV head h are h * group .. h * group + group - 1)
  * attend to the first len[b] positions of cache slot slot[b] (caches [slots, kv_heads, max_len, dim]); each key
  * and value row is read once for the whole query group. Writes out [B, kv_heads * group, dim]. `scratch` holds
- * group * (max_len + dim) floats per call (callers running row ranges in parallel pass separate scratch). */
+ * group * (max_len + dim) floats per thread. Rows are independent: the result does not depend on `threads`. */
 void thermik_decode_attention_bf16(const bf16 *q, const bf16 *k_cache, const bf16 *v_cache, const int64_t *slot,
-                                   const int64_t *len, int64_t row0, int64_t row1, int64_t kv_heads, int64_t group,
-                                   int64_t dim, int64_t max_len, float *scratch, bf16 *out) {
-    float qf[4096];
-    for (int64_t b = row0; b < row1; b++) {
+                                   const int64_t *len, int64_t rows, int64_t kv_heads, int64_t group, int64_t dim,
+                                   int64_t max_len, float *scratch, bf16 *out, int64_t threads) {
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 2)
+    for (int64_t b = 0; b < rows; b++) {
+        float qf[4096];
+        float *scores = scratch + (int64_t)omp_get_thread_num() * group * (max_len + dim);
+        float *acc = scores + group * max_len;
         for (int64_t h = 0; h < kv_heads; h++) {
             const int64_t head0 = (b * kv_heads + h) * group, at = (slot[b] * kv_heads + h) * max_len * dim;
-            float *scores = scratch, *acc = scratch + group * max_len;
             for (int64_t i = 0; i < group * dim; i++) qf[i] = bf16_load(q[head0 * dim + i]);
             const bf16 *qb = q + head0 * dim, *keys = k_cache + at, *values = v_cache + at;
             if (dim == 64)

@@ -6,7 +6,10 @@
  * e^(z - max) summed, and summed times z) and once in the backward (e^(z - lse), written as the gradient), while the
  * row sits in L2. Rows are z = logits * inv_temp; every sum and product in float32. Two element types: float32
  * (`thermik_vocab_*_f32`) and bfloat16 (`thermik_vocab_*_bf16`, the gradient rounded once to bfloat16).
- * Row r starts at logits + r * row_stride; its `vocab` entries are contiguous.
+ * The rows are [batch, length] positions of a [batch, >= length, vocab] tensor: row (b, t) starts at
+ * logits + b * stride0 + t * stride1 and its `vocab` entries are contiguous. The per-row outputs and targets are
+ * contiguous [batch, length]. Rows are split over `threads` OpenMP threads; each row's arithmetic is the same
+ * whatever the split.
  */
 #include "common.h"
 
@@ -46,10 +49,11 @@ static inline float row_max_bf16(const bf16 *x, int64_t n) {
 /* Per row: lse = log sum_j e^z_j; logp = z[target] - lse; entropy = -sum_j p_j log p_j = log s - sum_j e_j d_j / s,
  * with d_j = z_j - max and e_j = e^d_j, s = sum_j e_j. */
 #define DEFINE_VOCAB_FORWARD(NAME, T, LOAD, MAX)                                                               \
-    void NAME(const T *logits, int64_t rows, int64_t row_stride, int64_t vocab, const int64_t *targets,      \
-              float inv_temp, float *logp, float *entropy, float *lse) {                                     \
-        for (int64_t r = 0; r < rows; r++) {                                                                \
-            const T *x = logits + r * row_stride;                                                           \
+    void NAME(const T *logits, int64_t batch, int64_t length, int64_t stride0, int64_t stride1, int64_t vocab, \
+              const int64_t *targets, float inv_temp, float *logp, float *entropy, float *lse, int64_t threads) { \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                                    \
+        for (int64_t r = 0; r < batch * length; r++) {                                                      \
+            const T *x = logits + r / length * stride0 + r % length * stride1;                              \
             float top = MAX(x, vocab) * inv_temp;                                                           \
             float s = 0.0f, t = 0.0f;                                                                       \
             for (int64_t j = 0; j < vocab; j++) {                                                           \
@@ -66,14 +70,15 @@ static inline float row_max_bf16(const bf16 *x, int64_t n) {
     }
 
 /* d(g logp + h H)/dz_j = g (onehot_j - p_j) - h p_j (log p_j + H), times inv_temp for d/dlogits; h_ent may be
- * NULL (no entropy gradient). Row r of the gradient starts at grad + r * grad_stride. */
+ * NULL (no entropy gradient). Row (b, t) of the gradient starts at grad + b * grad0 + t * grad1. */
 #define DEFINE_VOCAB_BACKWARD(NAME, T, LOAD, STORE)                                                            \
-    void NAME(const T *logits, int64_t rows, int64_t row_stride, int64_t vocab, const int64_t *targets,      \
-              float inv_temp, const float *lse, const float *entropy, const float *g_logp, const float *h_ent, \
-              T *grad, int64_t grad_stride) {                                                                \
-        for (int64_t r = 0; r < rows; r++) {                                                                \
-            const T *x = logits + r * row_stride;                                                           \
-            T *out = grad + r * grad_stride;                                                                \
+    void NAME(const T *logits, int64_t batch, int64_t length, int64_t stride0, int64_t stride1, int64_t vocab, \
+              const int64_t *targets, float inv_temp, const float *lse, const float *entropy, const float *g_logp, \
+              const float *h_ent, T *grad, int64_t grad0, int64_t grad1, int64_t threads) {                  \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                                    \
+        for (int64_t r = 0; r < batch * length; r++) {                                                      \
+            const T *x = logits + r / length * stride0 + r % length * stride1;                              \
+            T *out = grad + r / length * grad0 + r % length * grad1;                                        \
             float g = g_logp[r], h = h_ent ? h_ent[r] : 0.0f, ent = entropy[r], norm = lse[r];              \
             for (int64_t j = 0; j < vocab; j++) {                                                           \
                 float lp = LOAD(x[j]) * inv_temp - norm;                                                    \
