@@ -2,8 +2,9 @@
 
 Unlike `profile_engine.py` (the native forward under the torch profiler), this runs `EmbeddedEngine.generate_batch`
 as a rollout does, scheduler thread included, and reports milliseconds per decode step for the whole step, the
-forward, the C decode attention, RoPE + KV store and RMSNorm kernels, and the sampling side (`process_logits`,
-`sample`, `token_logprobs`). A profiling tool, not a comparison: run it before and after a change.
+forward, the C decode attention, RoPE + KV store and RMSNorm kernels, and the sampling side (`fused_sample`, the
+C sampler of the plain setting, or else `process_logits`, `sample`, `token_logprobs`). A profiling tool, not a
+comparison: run it before and after a change.
 
     python benchmarks/engine_step_sections.py --model /work/models/SmolLM2-135M-Instruct --batch 64 --tokens 128
 """
@@ -23,8 +24,8 @@ import thermik.inference.embedded as embedded_module
 from thermik.inference.base import SamplingParams
 from thermik.inference.embedded import embedded_engine
 
-SECTIONS = ("decode step", "forward", "attention", "rope+store", "rms norm", "sample+record", "process_logits",
-            "sample", "token_logprobs")  # fmt: skip
+SECTIONS = ("decode step", "forward", "attention", "rope+store", "rms norm", "sample+record", "fused_sample",
+            "process_logits", "sample", "token_logprobs")  # fmt: skip
 
 
 def wrap(owner: object, name: str, key: str, totals: dict[str, float], calls: collections.Counter) -> None:
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     wrap(engine, "_decode_step", "decode step", totals, calls)
     wrap(engine.native, "forward", "forward", totals, calls)
     wrap(engine, "_sample_and_record", "sample+record", totals, calls)
-    for name in ("process_logits", "sample", "token_logprobs"):
+    for name in ("fused_sample", "process_logits", "sample", "token_logprobs"):
         wrap(embedded_module, name, name, totals, calls)
     if engine.native.kernels is not None:
         for name, key in (("decode_attention", "attention"), ("rope_store", "rope+store"), ("rms_norm", "rms norm")):

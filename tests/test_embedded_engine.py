@@ -18,9 +18,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from thermik.inference import cpu_kernels
 from thermik.inference.base import Generation, SamplingParams
 from thermik.inference.embedded import EmbeddedEngine
-from thermik.inference.sampling import process_logits, sample, token_logprobs
+from thermik.inference.sampling import fused_sample, process_logits, sample, token_logprobs
 
 VOCAB = 300
 PAD = 0
@@ -181,6 +182,42 @@ def test_sample_is_an_exact_categorical_draw_across_blocks() -> None:
     cells = torch.cat([counts[named], counts[rest].sum().view(1)])
     assert _chi_square(cells, torch.cat([mass.double(), torch.tensor([0.1], dtype=torch.float64)])) < 29.88
     assert 0.5 * (cells / cells.sum() - torch.cat([probs[named], probs[rest].sum().view(1)])).abs().sum() < 0.02
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [1000, 49152])
+def test_fused_sample_draws_what_sample_draws(dtype: torch.dtype, vocab: int) -> None:
+    """The C sampler of the plain setting: the same uniforms from the same generators give the same tokens as
+    process_logits + sample, and the logprobs of token_logprobs."""
+    if cpu_kernels.load_vocab() is None:
+        pytest.skip("no C compiler: the vocabulary kernels could not be built")
+    logits = (3 * torch.randn(32, vocab, generator=torch.Generator().manual_seed(0))).to(dtype)
+    ids, logp = fused_sample(logits, 0.7, 0, 1.0, 0.0, None, [torch.Generator().manual_seed(i) for i in range(32)])
+    expected = sample(process_logits(logits, 0.7), None, [torch.Generator().manual_seed(i) for i in range(32)])
+    assert torch.equal(ids, expected)
+    torch.testing.assert_close(logp, token_logprobs(logits, expected, 0.7), atol=5e-5, rtol=0)
+
+
+def test_fused_sample_is_an_exact_categorical_draw_and_only_for_the_plain_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fused sampler on the block-edge distribution of the test above (tokens 1-9 at -inf never drawn); a
+    filter, a greedy row or THERMIK_CPU_KERNELS=0 leave it to the PyTorch path (None)."""
+    if cpu_kernels.load_vocab() is None:
+        pytest.skip("no C compiler: the vocabulary kernels could not be built")
+    probs = torch.full((1000,), 0.5 / 986, dtype=torch.float64)  # 986 = 1000 - 9 masked - 5 named tokens
+    probs[1:10], probs[[0, 255, 256, 511, 999]] = 0.0, 0.1
+    logits = probs.log().float().expand(20_000, 1000)
+    ids, logp = fused_sample(logits, 1.0, 0, 1.0, 0.0, torch.Generator().manual_seed(0))
+    counts = torch.bincount(ids, minlength=1000).double()
+    assert counts[1:10].sum() == 0
+    cells = torch.cat([counts[[0, 255, 256, 511, 999]], (counts.sum() - counts[[0, 255, 256, 511, 999]].sum()).view(1)])
+    assert _chi_square(cells, torch.tensor([0.1] * 5 + [0.5], dtype=torch.float64)) < 20.52  # df 5, p = 1e-3
+    torch.testing.assert_close(logp, probs.log().float()[ids], atol=1e-5, rtol=0)
+    for knobs in ((0.7, 5, 1.0, 0.0), (0.7, 0, 0.9, 0.0), (0.7, 0, 1.0, 0.1), (0.0, 0, 1.0, 0.0)):
+        assert fused_sample(logits[:2], *knobs) is None
+    monkeypatch.setenv("THERMIK_CPU_KERNELS", "0")
+    assert fused_sample(logits[:2], 1.0, 0, 1.0, 0.0) is None
 
 
 def test_sample_draws_one_uniform_per_seeded_row_and_keeps_greedy_rows_greedy() -> None:

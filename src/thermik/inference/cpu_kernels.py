@@ -164,13 +164,15 @@ class VocabKernels:
 
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))
-        self.forward_fns, self.backward_fns = {}, {}
+        self.forward_fns, self.backward_fns, self.sample_fns = {}, {}, {}
         for dtype, suffix in zip(DTYPES, ("f32", "bf16"), strict=True):
             fwd, bwd = getattr(lib, f"thermik_vocab_forward_{suffix}"), getattr(lib, f"thermik_vocab_backward_{suffix}")
             fwd.argtypes = [_P, _I, _I, _I, _I, _I, _P, _F, _P, _P, _P, _I]
             bwd.argtypes = [_P, _I, _I, _I, _I, _I, _P, _F, _P, _P, _P, _P, _P, _I, _I, _I]
             fwd.restype = bwd.restype = None
             self.forward_fns[dtype], self.backward_fns[dtype] = fwd, bwd
+            self.sample_fns[dtype] = sample = getattr(lib, f"thermik_sample_{suffix}")
+            sample.argtypes, sample.restype = [_P, _I, _I, _I, _F, _P, _P, _P, _I], None
 
     def forward(self, logits: Tensor, targets: Tensor, inv_temp: float, out: tuple[Tensor, Tensor, Tensor]) -> None:
         """(logp, entropy, log-normaliser) [B, T] float32 into `out` for logits [B, L >= T, V] * inv_temp (targets and
@@ -193,6 +195,17 @@ class VocabKernels:
             inv_temp, *(None if x is None else x.data_ptr() for x in (lse, entropy, *grads)), out.data_ptr(),
             out.stride(0), out.stride(1), _threads(batch * length),
         )  # fmt: skip
+
+    def sample(self, logits: Tensor, inv_temp: float, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+        """(token ids [B] int64, their logprobs [B] float32) from softmax(logits [B, V] * inv_temp), one float64
+        uniform [B] per row (sampling.py's two-level inverse CDF)."""
+        rows, vocab = logits.shape
+        ids, logp = torch.empty(rows, dtype=torch.long), torch.empty(rows, dtype=torch.float32)
+        self.sample_fns[logits.dtype](
+            logits.data_ptr(), rows, logits.stride(0), vocab, inv_temp, uniforms.data_ptr(), ids.data_ptr(),
+            logp.data_ptr(), _threads(rows),
+        )  # fmt: skip
+        return ids, logp
 
 
 def compiled(name: str) -> Path:

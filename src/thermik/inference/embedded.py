@@ -48,7 +48,7 @@ from thermik.inference.kv_cache import default_budget_bytes
 from thermik.inference.native_model import NativeCausalLM
 from thermik.inference.openmp import release_thread_pool
 from thermik.inference.precision import apply_precision
-from thermik.inference.sampling import process_logits, sample, token_logprobs
+from thermik.inference.sampling import fused_sample, process_logits, sample, token_logprobs
 from thermik.inference.weights import check_state, copy_state, load_state
 from thermik.models.architecture import unsupported_reason
 
@@ -571,9 +571,13 @@ class EmbeddedEngine:
         else:
             temperature = torch.tensor([p.temperature for p in params])
             top_k, top_p, min_p = (torch.tensor([getattr(p, k) for p in params]) for k in ("top_k", "top_p", "min_p"))
-        filtered = process_logits(logits, temperature, top_k, top_p, min_p)
-        ids = sample(filtered, self._generator, [r.generator for r in requests])
-        logp = token_logprobs(logits, ids, temperature).tolist()
+        generators = [r.generator for r in requests]
+        fused = fused_sample(logits, temperature, top_k, top_p, min_p, self._generator, generators)
+        if fused is None:
+            ids = sample(process_logits(logits, temperature, top_k, top_p, min_p), self._generator, generators)
+            logp = token_logprobs(logits, ids, temperature).tolist()
+        else:
+            ids, logp = fused[0], fused[1].tolist()
         top = self._top_logprobs(logits, temperature, params)
         self._tick += 1
         for row, (index, req, token) in enumerate(zip(indices, requests, ids.tolist(), strict=True)):
@@ -600,7 +604,7 @@ class EmbeddedEngine:
             return None
         temp = torch.as_tensor(temperature, dtype=torch.float32).expand(logits.shape[0])
         temp = torch.where(temp == 0, torch.ones_like(temp), temp)
-        return (logits / temp[:, None]).log_softmax(-1).topk(min(k, logits.shape[-1]), dim=-1)
+        return (logits.float() / temp[:, None]).log_softmax(-1).topk(min(k, logits.shape[-1]), dim=-1)
 
     def _stop_reason(self, req: _Request, token: int) -> StopReason | None:
         if token in req.stop_ids:

@@ -185,6 +185,28 @@ def sample(
     return cols.gather(-1, _pick(inner, r)).squeeze(-1)
 
 
+def fused_sample(
+    logits: torch.Tensor,
+    temperature: RowParam,
+    top_k: RowParam,
+    top_p: RowParam,
+    min_p: RowParam,
+    generator: torch.Generator | None = None,
+    row_generators: Sequence[torch.Generator | None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(token ids [B], their logprobs [B]) in one C pass per row (`inference/kernels/vocab.c`): `sample`'s two-level
+    inverse CDF and `token_logprobs`, with the same uniforms drawn the same way, read from the logits in place.
+    For the plain setting only (one temperature > 0 for every row, no filter) on CPU; None otherwise, and the
+    caller runs `process_logits`, `sample` and `token_logprobs`."""
+    if logits.ndim != 2 or not _plain_temperature(temperature, top_k, top_p, min_p, logits.shape[-1]):
+        return None
+    kernels = vocab_kernels_for(logits)
+    if kernels is None:
+        return None
+    u = _uniforms(logits.shape[0], logits.device, generator, row_generators)
+    return kernels.sample(logits, 1.0 / float(temperature), u)
+
+
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: RowParam = 1.0) -> torch.Tensor:
     """log softmax(logits / temperature)[token] per row, before any top-k/top-p/min-p filter. Returns [B] float32.
 

@@ -40,9 +40,10 @@ static inline float f32_load(float v) { return v; }
 static inline float f32_store(float v) { return v; }
 
 /* e^x for x <= 0 (Cephes' expf: Cody-Waite range reduction and a degree-6 polynomial, within 2 ulp): unlike libm's
- * expf it vectorizes. x below -87 gives e^-87 (~1.6e-38), which is 0 next to the softmax's maximum term 1. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
+ * expf it vectorizes. x below -87 (e^x < 1.7e-38, below float32's normal range; -inf included) gives 0, so a token
+ * masked to -inf has no mass at all. */
+static inline float exp_nonpositive(float in) {
+    float x = in < -87.0f ? -87.0f : in;
     float n = floorf(x * 1.44269504088896341f + 0.5f);
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float r2 = r * r;
@@ -56,7 +57,7 @@ static inline float exp_nonpositive(float x) {
     int32_t bits = ((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+    return in < -87.0f ? 0.0f : p * scale;
 }
 
 #endif

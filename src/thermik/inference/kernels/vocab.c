@@ -1,4 +1,5 @@
-/* Token logprobs and entropy over a vocabulary row, forward and backward, for the trainer (training/vocab_logprobs.py).
+/* Token logprobs and entropy over a vocabulary row, forward and backward, for the trainer (training/vocab_logprobs.py),
+ * and the engine's sampler (one token and its logprob per row, sampling.py's `fused_sample`).
  *
  * A real model's training step spends a third of its time in vocabulary-sized float32 passes when they run as
  * separate PyTorch ops (cast, log-softmax, gather, entropy, log-softmax backward, cast back), each over a
@@ -12,6 +13,8 @@
  * whatever the split.
  */
 #include "common.h"
+
+#include <stdlib.h>
 
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -96,3 +99,65 @@ DEFINE_VOCAB_FORWARD(thermik_vocab_forward_f32, float, f32_load, row_max_f32)
 DEFINE_VOCAB_FORWARD(thermik_vocab_forward_bf16, bf16, bf16_load, row_max_bf16)
 DEFINE_VOCAB_BACKWARD(thermik_vocab_backward_f32, float, f32_load, f32_store)
 DEFINE_VOCAB_BACKWARD(thermik_vocab_backward_bf16, bf16, bf16_load, bf16_store)
+
+/* Sampling for the engine: one token per row from softmax(z), z = logits * inv_temp, by the two-level inverse CDF
+ * of sampling.py's `sample` (float32 block masses of SAMPLE_BLOCK tokens, float64 prefix sums over the blocks pick
+ * a block, float64 prefix sums inside it pick the token), given one uniform u[r] in [0, 1) per row; also the
+ * token's logprob, as the forward above computes it. Per row: one pass for the max, one for the block masses,
+ * then SAMPLE_BLOCK entries again: the [B, V] float32 copies, softmax and gathers of the PyTorch path are not
+ * made. Rows are [rows, vocab] with stride row_stride. */
+#define SAMPLE_BLOCK 256
+#define MAX_STACK_BLOCKS 4096
+
+/* The largest double below v (v > 0): keeps u * total below total when the product rounds up. */
+static inline double below(double v) { return nextafter(v, 0.0); }
+
+#define DEFINE_SAMPLE(NAME, T, LOAD, MAX)                                                                      \
+    void NAME(const T *logits, int64_t rows, int64_t row_stride, int64_t vocab, float inv_temp, const double *u, \
+              int64_t *ids, float *logp, int64_t threads) {                                                 \
+        const int64_t blocks = (vocab + SAMPLE_BLOCK - 1) / SAMPLE_BLOCK;                                   \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                                    \
+        for (int64_t r = 0; r < rows; r++) {                                                                \
+            const T *x = logits + r * row_stride;                                                           \
+            float stack[MAX_STACK_BLOCKS];                                                                  \
+            float *mass = blocks <= MAX_STACK_BLOCKS ? stack : malloc(sizeof(float) * blocks);              \
+            const float top = MAX(x, vocab) * inv_temp;                                                     \
+            float s = 0.0f;                                                                                 \
+            for (int64_t k = 0; k < blocks; k++) {                                                          \
+                const int64_t end = k * SAMPLE_BLOCK + SAMPLE_BLOCK < vocab ? k * SAMPLE_BLOCK + SAMPLE_BLOCK : vocab; \
+                float m = 0.0f;                                                                             \
+                for (int64_t j = k * SAMPLE_BLOCK; j < end; j++) m += exp_nonpositive(LOAD(x[j]) * inv_temp - top); \
+                mass[k] = m;                                                                                \
+                s += m;                                                                                     \
+            }                                                                                               \
+            double total = 0.0;                                                                             \
+            for (int64_t k = 0; k < blocks; k++) total += (double)mass[k];                                  \
+            double want = u[r] * total, lo = 0.0, hi = 0.0;                                                 \
+            want = want < total ? want : below(total);                                                      \
+            int64_t k = 0;                                                                                  \
+            for (; k < blocks; k++) {                                                                       \
+                hi = lo + (double)mass[k];                                                                  \
+                if (hi > want || k == blocks - 1) break;                                                    \
+                lo = hi;                                                                                    \
+            }                                                                                               \
+            const int64_t start = k * SAMPLE_BLOCK, end = start + SAMPLE_BLOCK < vocab ? start + SAMPLE_BLOCK : vocab; \
+            double inner = 0.0;                                                                             \
+            for (int64_t j = start; j < end; j++) inner += (double)exp_nonpositive(LOAD(x[j]) * inv_temp - top); \
+            double rest = (want - lo) / (hi - lo) * inner, run = 0.0;                                       \
+            rest = rest < inner ? rest : below(inner);                                                      \
+            int64_t pick = end - 1;                                                                         \
+            for (int64_t j = start; j < end; j++) {                                                         \
+                run += (double)exp_nonpositive(LOAD(x[j]) * inv_temp - top);                                \
+                if (run > rest) {                                                                           \
+                    pick = j;                                                                               \
+                    break;                                                                                  \
+                }                                                                                           \
+            }                                                                                               \
+            ids[r] = pick;                                                                                  \
+            logp[r] = LOAD(x[pick]) * inv_temp - top - logf(s);                                             \
+            if (mass != stack) free(mass);                                                                  \
+        }                                                                                                   \
+    }
+
+DEFINE_SAMPLE(thermik_sample_f32, float, f32_load, row_max_f32)
+DEFINE_SAMPLE(thermik_sample_bf16, bf16, bf16_load, row_max_bf16)
