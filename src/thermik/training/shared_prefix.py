@@ -16,6 +16,7 @@ of the micro-batch share a prompt.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -123,39 +124,70 @@ def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[Tensor, Tensor, Tensor]:
-    """(prompt hidden [G, P, H], response hidden [B, S, H], response ids [B, S]) before the final norm."""
+    """(prompt hidden [G, P, H], response hidden [B, S, H], response ids [B, S]) before the final norm.
+
+    The responses' projections, norms and MLP run on their real tokens only, packed [N, H]; only the attention
+    sees them padded to the longest response [B, S] (a padded position sees no real one, and no real position
+    sees it: causality). A group's responses differ in length by several times, so most of the padding's
+    FLOPs go."""
     inner, cfg = lm.model, lm.config
     num_heads, num_kv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
     batch = input_ids.shape[0]
     prompt_width = int(plan.prompt_lens.max())
-    span = int((plan.row_lens - plan.row_prompt_lens).max())
+    response_lens = plan.row_lens - plan.row_prompt_lens
+    span = int(response_lens.max())
     prompt_ids = input_ids[plan.first_row, :prompt_width]  # tokens past a prompt's end are never attended to
     offsets = torch.arange(span)[None]
     gather_at = (plan.row_prompt_lens[:, None] + offsets).clamp(max=input_ids.shape[1] - 1)
     response_ids = input_ids.gather(1, gather_at)
-    response_pos = plan.row_prompt_lens[:, None] + offsets
-    x_p, x_r = inner.embed_tokens(prompt_ids), inner.embed_tokens(response_ids)
+    real = (offsets < response_lens[:, None]).flatten().nonzero().squeeze(1)  # [N] into the flattened [B, S]
+    x_p, x_r = inner.embed_tokens(prompt_ids), inner.embed_tokens(response_ids.flatten()[real])
     rope_p = inner.rotary_emb(x_p, torch.arange(prompt_width)[None].expand(plan.num_groups, -1))
-    rope_r = inner.rotary_emb(x_r, response_pos)
-    # A response token sees its own prompt (keys < its prompt's length) and the response tokens up to itself.
-    sees_prompt = torch.arange(prompt_width)[None, :] < plan.row_prompt_lens[:, None]  # [B, P]
-    causal = torch.ones(span, span, dtype=torch.bool).tril()
-    mask = torch.cat([sees_prompt[:, None, :].expand(-1, span, -1), causal.expand(batch, -1, -1)], dim=2)[:, None]
+    rope_r = inner.rotary_emb(x_r[None], (plan.row_prompt_lens[:, None] + offsets).flatten()[real][None])
+
+    # Row i's response tokens are packed rows starts[i] .. starts[i] + lens[i]; it sees its prompt and itself causally.
+    lens = response_lens.tolist()
+    starts = [0, *itertools.accumulate(lens)][:-1]
+    groups, prompt_lens = plan.group_of_row.tolist(), plan.row_prompt_lens.tolist()
+    masks = {}
+    for p, n in set(zip(prompt_lens, lens, strict=True)):
+        masks[p, n] = torch.cat([torch.ones(n, p, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
     shape = (num_heads, num_kv, head_dim)
     for layer in inner.layers:
         attn = layer.self_attn
         q_p, k_p, v_p = _qkv(attn, layer.input_layernorm(x_p), rope_p, shape)
-        q_r, k_r, v_r = _qkv(attn, layer.input_layernorm(x_r), rope_r, shape)
+        q_r, k_r, v_r = _qkv(attn, layer.input_layernorm(x_r)[None], rope_r, shape)  # [1, heads, N, D]
         a_p = F.scaled_dot_product_attention(q_p, k_p, v_p, is_causal=True, enable_gqa=num_kv != num_heads)
-        keys = torch.cat([k_p[plan.group_of_row], k_r], dim=2)
-        values = torch.cat([v_p[plan.group_of_row], v_r], dim=2)
-        a_r = F.scaled_dot_product_attention(q_r, keys, values, attn_mask=mask, enable_gqa=num_kv != num_heads)
+        a_r = torch.cat([
+            _attend(
+                q_r[:, :, s : s + n],
+                torch.cat([k_p[g : g + 1, :, :p], k_r[:, :, s : s + n]], dim=2),
+                torch.cat([v_p[g : g + 1, :, :p], v_r[:, :, s : s + n]], dim=2),
+                masks[p, n],
+            )
+            for s, n, g, p in zip(starts, lens, groups, prompt_lens, strict=True)
+        ], dim=2)  # fmt: skip
         x_p = x_p + attn.o_proj(a_p.transpose(1, 2).flatten(2))
-        x_r = x_r + attn.o_proj(a_r.transpose(1, 2).flatten(2))
+        x_r = x_r + attn.o_proj(a_r[0].transpose(0, 1).flatten(1))
         x_p = x_p + layer.mlp(layer.post_attention_layernorm(x_p))
         x_r = x_r + layer.mlp(layer.post_attention_layernorm(x_r))
-    return x_p, x_r, response_ids
+    response_hidden = x_r.new_zeros(batch * span, x_r.shape[-1]).index_copy(0, real, x_r).view(batch, span, -1)
+    return x_p, response_hidden, response_ids
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, visible: Tensor) -> Tensor:
+    """Attention of one row's queries q [1, H, n, D] over its keys and values [1, KV, L, D] where visible [n, L],
+    as two matmuls and a float32 softmax: each KV head's query group is one product (no repeated keys). For one
+    row of ~100 queries this is ~1.8x faster than the flash kernel with a mask in bfloat16 (which computes the
+    masked blocks too), and as fast in float32."""
+    _, heads, n, dim = q.shape
+    kv, width = k.shape[1], k.shape[2]
+    group = heads // kv
+    scores = (q.reshape(1, kv, group * n, dim) * dim**-0.5) @ k.transpose(-1, -2)
+    scores = scores.view(1, kv, group, n, width).masked_fill(~visible, float("-inf"))
+    probs = scores.float().softmax(-1).to(v.dtype).view(1, kv, group * n, width)
+    return (probs @ v).view(1, heads, n, dim)
 
 
 def _qkv(
