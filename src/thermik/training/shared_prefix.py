@@ -126,10 +126,9 @@ def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
 def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[Tensor, Tensor, Tensor]:
     """(prompt hidden [G, P, H], response hidden [B, S, H], response ids [B, S]) before the final norm.
 
-    The responses' projections, norms and MLP run on their real tokens only, packed [N, H]; only the attention
-    sees them padded to the longest response [B, S] (a padded position sees no real one, and no real position
-    sees it: causality). A group's responses differ in length by several times, so most of the padding's
-    FLOPs go."""
+    The responses run packed, [N, H] for their N real tokens: a group's responses differ in length by several
+    times, and padding them to the longest one computed ~1.8x the tokens trained (SmolLM2 example). Each row's
+    attention runs on its own queries, over its prompt's keys and, causally, its own (`_attend`)."""
     inner, cfg = lm.model, lm.config
     num_heads, num_kv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
@@ -146,7 +145,7 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
     rope_p = inner.rotary_emb(x_p, torch.arange(prompt_width)[None].expand(plan.num_groups, -1))
     rope_r = inner.rotary_emb(x_r[None], (plan.row_prompt_lens[:, None] + offsets).flatten()[real][None])
 
-    # Row i's response tokens are packed rows starts[i] .. starts[i] + lens[i]; it sees its prompt and itself causally.
+    # Row i's response tokens are packed rows starts[i] .. starts[i] + lens[i]: they see its prompt, then causally.
     lens = response_lens.tolist()
     starts = [0, *itertools.accumulate(lens)][:-1]
     groups, prompt_lens = plan.group_of_row.tolist(), plan.row_prompt_lens.tolist()
