@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from thermik.inference.cpu_kernels import vocab_kernels_for
+from thermik.inference.cpu_kernels import MAX_SAMPLE_VOCAB, vocab_kernels_for
 
 RowParam = float | int | torch.Tensor
 
@@ -198,7 +198,9 @@ def fused_sample(
     inverse CDF and `token_logprobs`, with the same uniforms drawn the same way, read from the logits in place.
     For the plain setting only (one temperature > 0 for every row, no filter) on CPU; None otherwise, and the
     caller runs `process_logits`, `sample` and `token_logprobs`."""
-    if logits.ndim != 2 or not _plain_temperature(temperature, top_k, top_p, min_p, logits.shape[-1]):
+    if logits.ndim != 2 or logits.shape[-1] > MAX_SAMPLE_VOCAB:
+        return None
+    if not _plain_temperature(temperature, top_k, top_p, min_p, logits.shape[-1]):
         return None
     kernels = vocab_kernels_for(logits)
     if kernels is None:

@@ -14,8 +14,6 @@
  */
 #include "common.h"
 
-#include <stdlib.h>
-
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -107,7 +105,7 @@ DEFINE_VOCAB_BACKWARD(thermik_vocab_backward_bf16, bf16, bf16_load, bf16_store)
  * then SAMPLE_BLOCK entries again: the [B, V] float32 copies, softmax and gathers of the PyTorch path are not
  * made. Rows are [rows, vocab] with stride row_stride. */
 #define SAMPLE_BLOCK 256
-#define MAX_STACK_BLOCKS 4096
+#define MAX_SAMPLE_BLOCKS 4096 /* vocabularies up to 1M tokens (cpu_kernels.MAX_SAMPLE_VOCAB) */
 
 /* The largest double below v (v > 0): keeps u * total below total when the product rounds up. */
 static inline double below(double v) { return nextafter(v, 0.0); }
@@ -119,8 +117,7 @@ static inline double below(double v) { return nextafter(v, 0.0); }
         _Pragma("omp parallel for num_threads(threads) schedule(static)")                                    \
         for (int64_t r = 0; r < rows; r++) {                                                                \
             const T *x = logits + r * row_stride;                                                           \
-            float stack[MAX_STACK_BLOCKS];                                                                  \
-            float *mass = blocks <= MAX_STACK_BLOCKS ? stack : malloc(sizeof(float) * blocks);              \
+            float mass[MAX_SAMPLE_BLOCKS];                                                                  \
             const float top = MAX(x, vocab) * inv_temp;                                                     \
             float s = 0.0f;                                                                                 \
             for (int64_t k = 0; k < blocks; k++) {                                                          \
@@ -155,7 +152,6 @@ static inline double below(double v) { return nextafter(v, 0.0); }
             }                                                                                               \
             ids[r] = pick;                                                                                  \
             logp[r] = LOAD(x[pick]) * inv_temp - top - logf(s);                                             \
-            if (mass != stack) free(mass);                                                                  \
         }                                                                                                   \
     }
 
