@@ -229,3 +229,31 @@ def test_default_run_is_bf16_on_a_bf16_cpu(
     rows = [json.loads(line) for line in (tmp_path / "default" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "mismatch/logprob_abs_diff" in r]
     assert len(steps) == 2 and all(0 < r["mismatch/logprob_abs_diff"] < 0.5 for r in steps), steps
+
+
+def test_lm_head_precision_float32_under_autocast_keeps_the_state_dict(model: torch.nn.Module) -> None:
+    """model.lm_head_precision: 'float32' gives float32 logits under bf16 autocast (equal to the float32 forward's
+    within the body's rounding), 'bf16' gives autocast's bfloat16 ones; parameters and state-dict keys are the same;
+    'auto' picks float32 for a head that is a small share of the parameters (the byte-vocabulary presets) and bf16
+    for a large one."""
+    from thermik.training.precision import Float32LMHead, set_lm_head_precision
+
+    ids = torch.randint(1, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    keys = list(model.state_dict())
+    try:
+        assert set_lm_head_precision(model, "float32").startswith("float32")
+        with torch.autocast("cpu", dtype=BF16):
+            head32 = model(ids).logits
+        assert isinstance(model.lm_head, Float32LMHead) and head32.dtype == torch.float32
+        assert list(model.state_dict()) == keys
+        assert set_lm_head_precision(model, "bf16").startswith("bfloat16")
+        with torch.autocast("cpu", dtype=BF16):
+            assert model(ids).logits.dtype == BF16
+        assert "float32" in set_lm_head_precision(model, "auto").split(" (")[0]  # 5M preset: a small byte-vocab head
+    finally:
+        set_lm_head_precision(model, "bf16")
+    big = torch.nn.Module()
+    big.head, big.body = torch.nn.Linear(8, 100, bias=False), torch.nn.Linear(8, 8)
+    big.get_output_embeddings = lambda: big.head
+    assert set_lm_head_precision(big, "auto").startswith("bfloat16 (the lm head holds 92%")
+    assert type(big.head) is torch.nn.Linear

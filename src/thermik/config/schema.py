@@ -28,6 +28,11 @@ class ModelConfig(Section):
         "AVX512-BF16, or the GPU supports bfloat16; else float32; a model.dtype other than float32 trains in that "
         "dtype). bf16-mixed needs dtype 'float32' (docs/algorithms.md)."
     )  # fmt: skip
+    lm_head_precision: Literal["auto", "float32", "bf16"] = Field(
+        "auto", description="Under bf16-mixed: the output projection (the logits) in 'float32' (from the float32 "
+        "master weight, outside autocast), in 'bf16' like every other product, or 'auto': float32 where the lm head "
+        "holds at most 10% of the parameters (its float32 cost stays small), else bf16 (docs/algorithms.md)."
+    )  # fmt: skip
     device: str = Field("cpu", description="torch device for trainer and embedded engine ('cpu', 'cuda', 'cuda:0').")
     seed: int = Field(0, description="Seed for weights initialisation of new heads and for torch RNGs.")
     chat_template: str = Field(

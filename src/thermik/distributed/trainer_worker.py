@@ -51,7 +51,7 @@ class TrainerWorker:
         self.dist_cfg: DistributedConfig = cfg.distributed
         components.seed_everything(cfg.seed)
         self.model, self.chat = components.load_policy(cfg.model)
-        self.autocast = autocast_dtype(cfg.model)
+        self.autocast = autocast_dtype(cfg.model, self.model)
         self.ref: torch.nn.Module | None = None
         if cfg.algorithm.kl_coef > 0:
             self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)

@@ -31,7 +31,7 @@ class SFTMode(Mode):
         self.run, self.cfg, self.model, self.chat = run, cfg, run.policy, run.chat
         self.examples = encode_all(self.chat, load_conversations(cfg.train_path), cfg.max_length, cfg.env.render_tools)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optimizer)
-        self.autocast = autocast_dtype(cfg.model)
+        self.autocast = autocast_dtype(cfg.model, self.model)
         # The held-out check samples with the current weights, pushed into an engine of its own, in the trainer's
         # precision: bfloat16 beside a bf16-mixed trainer, the model's dtype beside a plain one.
         precision = "bfloat16" if self.autocast is not None else "model"

@@ -36,7 +36,8 @@ class Built:
 def build(cfg: TinkerConfig) -> Built:
     directory = model_directory(cfg.model.path)
     state = Path(cfg.service.state_dir)
-    trainer = Trainer(directory, cfg.model.dtype, cfg.model.device, autocast_dtype(cfg.model))
+    autocast = autocast_dtype(cfg.model)
+    trainer = Trainer(directory, cfg.model.dtype, cfg.model.device, autocast, cfg.model.lm_head_precision)
     samplers = Samplers(trainer.plain, load_tokenizer(directory), cfg.service.max_sampler_engines, cfg.model.seed)
     service = Service(Store(state / "tinker.sqlite"), trainer, samplers, cfg.service.num_threads)
     served = Served(

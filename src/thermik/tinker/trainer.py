@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from thermik.atomic import publish_dir
 from thermik.models.loading import load_model
 from thermik.tinker.losses import compute_loss
 from thermik.tinker.wire import Datum
-from thermik.training.precision import train_autocast
+from thermik.training.precision import set_lm_head_precision, train_autocast
 from thermik.training.vocab_logprobs import vocab_logprobs
 
 LORA_ALPHA = 32.0  # Tinker scales every rank's update by a fixed alpha
@@ -60,10 +61,20 @@ def lora_targets(lora: dict[str, Any]) -> list[str]:
 
 class Trainer:
     def __init__(
-        self, model_dir: Path, dtype: str = "float32", device: str = "cpu", autocast: torch.dtype | None = None
+        self,
+        model_dir: Path,
+        dtype: str = "float32",
+        device: str = "cpu",
+        autocast: torch.dtype | None = None,
+        lm_head_precision: str = "auto",
     ) -> None:
-        """autocast: bfloat16 runs forward_backward in mixed precision (thermik.training.precision)."""
+        """autocast: bfloat16 runs forward_backward in mixed precision, with the lm head in `lm_head_precision`
+        (thermik.training.precision)."""
         base = load_model(model_dir, dtype=dtype, device=device).requires_grad_(False)
+        if autocast is not None:
+            print(
+                f"thermik tinker trainer: lm head in {set_lm_head_precision(base, lm_head_precision)}", file=sys.stderr
+            )
         self.plain = copy.deepcopy(base)  # never wrapped: sampler engines start from copies of it
         self.vocab_size = int(base.get_input_embeddings().weight.shape[0])
         self.max_len = int(base.config.max_position_embeddings)

@@ -56,6 +56,7 @@ class Learner:
 def build_learner(cfg: RunConfig, policy: torch.nn.Module, chat: ChatTokenizer, update_threads: int = 0) -> Learner:
     """The training half of a run around an already loaded policy: reference, optimizer, checkpoints, critic."""
     optimizer, scheduler = build_optimizer(policy, cfg.trainer.optimizer)
+    autocast = autocast_dtype(cfg.model, policy)  # before the reference copies the policy (its lm head too)
     return Learner(
         cfg=cfg,
         policy=policy,
@@ -67,7 +68,7 @@ def build_learner(cfg: RunConfig, policy: torch.nn.Module, chat: ChatTokenizer, 
         algo=AlgorithmState.from_config(cfg.algorithm),
         critic=_build_critic(cfg),
         update_threads=update_threads,
-        autocast=autocast_dtype(cfg.model),
+        autocast=autocast,
     )
 
 
