@@ -75,7 +75,7 @@ DTYPES = (torch.float32, torch.bfloat16)  # the element types decode.c has kerne
 MIN_PARALLEL_ROWS = 8  # a decode attention over fewer rows runs on the calling thread
 
 
-def _threads(rows: int = MIN_PARALLEL_ROWS) -> int:
+def _threads(rows: int) -> int:
     """torch's thread count for a kernel over `rows` rows (one thread for a handful of rows)."""
     return max(1, torch.get_num_threads()) if rows >= MIN_PARALLEL_ROWS else 1
 

@@ -4,9 +4,9 @@
 take bfloat16 copies of their inputs (a weight that requires grad is cast once per forward, then cached; autocast's
 backward returns float32 gradients to it), everything else stays float32. The parameters, their gradients and the
 AdamW state are float32, so a step smaller than bfloat16's resolution of a weight (2^-8 relative) is not lost, as it
-would be with `model.dtype = "bfloat16"`. The logits are cast to float32 before every log-softmax and entropy
-(`batch.token_logprobs`, `shared_prefix.token_logprobs_shared`): logprob differences and PPO ratios of
-near-equal values stay exact to float32 rounding. Backward runs outside the autocast region, as torch recommends.
+would be with `model.dtype = "bfloat16"`. Log-softmax and entropy read the logits as they are, in float32
+arithmetic (`vocab_logprobs.py`): logprob differences and PPO ratios of near-equal values stay exact to float32
+rounding of those logits. Backward runs outside the autocast region, as torch recommends.
 
 The output projection can run outside autocast (`model.lm_head_precision`): float32 logits from the float32 master
 weight. bfloat16 logits carry 8 bits of mantissa (a logit of 12 is rounded to a multiple of 1/16) and the
@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from thermik.config.schema import ModelConfig
 from thermik.inference.precision import resolve_precision
+from thermik.training.lora import unwrapped
 
 TRAIN_PRECISIONS: tuple[str, ...] = ("float32", "bf16-mixed", "auto")
 FLOAT32_HEAD_MAX_SHARE = 0.10  # lm_head_precision "auto": float32 up to this share of the parameters
@@ -96,7 +97,7 @@ class Float32LMHead(torch.nn.Linear):
 def set_lm_head_precision(model: torch.nn.Module, precision: str) -> str:
     """Make `model`'s output projection float32 or leave it to autocast, per `precision` ("auto", "float32",
     "bf16"); returns which and why, for the trainer's log line."""
-    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model  # PEFT
+    base = unwrapped(model)
     get_head = getattr(base, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
     if type(head) not in (torch.nn.Linear, Float32LMHead):

@@ -27,6 +27,7 @@ from transformers import PreTrainedModel
 
 from thermik.models.architecture import apply_rope, unsupported_reason
 from thermik.training.batch import logprobs_and_entropy
+from thermik.training.lora import unwrapped
 
 
 @dataclass
@@ -66,7 +67,7 @@ def plan_prefixes(input_ids: Tensor, attention_mask: Tensor, prompt_lens: Tensor
 def supports_shared_prefix(model: torch.nn.Module) -> bool:
     """A plain (or PEFT-wrapped) supported HF model. Wrappers with forward hooks of their own (DDP, FSDP2, the Ray
     workers' gradient scaling) must run their own forward, so they get the plain one."""
-    base = _causal_lm(model)
+    base = unwrapped(model)
     if not isinstance(base, PreTrainedModel) or isinstance(base, FSDPModule):
         return False
     return unsupported_reason(base) is None and not (model.training and base.config.attention_dropout)
@@ -91,7 +92,7 @@ def token_logprobs_shared(
     plan = plan_prefixes(input_ids, attention_mask, prompt_lens)
     if plan is None:
         return None
-    lm = _causal_lm(model)
+    lm = unwrapped(model)
     prompt_hidden, response_hidden, response_ids = _forward(lm, input_ids, plan)
     last = prompt_hidden[torch.arange(plan.num_groups), plan.prompt_lens - 1]  # predicts each response's 1st token
     hidden = torch.cat([last[plan.group_of_row, None], response_hidden[:, :-1]], dim=1)  # [B, S, H]
@@ -116,11 +117,6 @@ def _place(values: Tensor, cols: Tensor, width: int) -> Tensor:
     last token land on its padding (or past `width`, cut off)."""
     out = values.new_zeros(values.shape[0], width + values.shape[1])
     return out.scatter(1, cols, values)[:, :width]
-
-
-def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
-    get_base = getattr(model, "get_base_model", None)  # PEFT wrapper
-    return get_base() if callable(get_base) else model
 
 
 def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[Tensor, Tensor, Tensor]:
