@@ -7,19 +7,29 @@ through the MCP calculator, full fine-tune) for --steps steps in each precision:
   float32 (`model.train_precision = "float32"`): what thermik did before bf16 existed;
 - bf16: the engine in bfloat16 and the trainer in bf16-mixed (float32 master weights), the example's setting.
 
-The two alternate --rounds times (so background load hits both alike). Each run starts from the same checkpoint
+`--before REV` adds a third run first: the float32 step as thermik's code at git revision REV ran it (the source
+is exported from git into a temporary directory and run in a subprocess of its own, with the same config, flags,
+data and checkpoint). The issue's "today's float32 step" is the float32 step before the bf16 work; the earliest
+revision that runs this example is eeb00c9 (issue 15's bf16 engine and trainer had landed, in float32 they run
+the code paths of before; the speed work of later sessions, which float32 shares, had not).
+
+The runs alternate --rounds times (so background load hits them alike). Each run starts from the same checkpoint
 and seed. Prints the mean step time after the first step of each run, split into generation and training, and the
-ratio float32 / bf16.
+ratios to bf16.
 
     bash examples/smollm2_word_problems/run.sh          # once: builds runs/smollm2-sft/model
-    python benchmarks/rl_step_precision.py --steps 4 --rounds 1 [-- --trainer.group_size=4 ...]
+    python benchmarks/rl_step_precision.py --steps 10 --rounds 1 --before eeb00c9 [-- --trainer.group_size=4 ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -27,21 +37,48 @@ from thermik.config.loader import load_config
 from thermik.config.schema import RunConfig
 from thermik.runs.local import run_rl
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "smollm2_word_problems" / "rl.toml"
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = Path("examples") / "smollm2_word_problems" / "rl.toml"
 SETTINGS = {
     "float32": ["--inference.precision=float32", "--model.train_precision=float32"],
     "bf16": ["--inference.precision=bfloat16", "--model.train_precision=bf16-mixed"],
 }
 KEYS = ("time/step", "time/generate", "time/train")
+# Run in the subprocess of a --before run, with that revision's thermik first on sys.path.
+OLD_RUN = "import sys; from thermik.config.loader import load_config; from thermik.config.schema import RunConfig; "
+OLD_RUN += "from thermik.runs.local import run_rl; run_rl(load_config(RunConfig, sys.argv[1:], env={}))"
 
 
-def run_once(args: argparse.Namespace, name: str, out: Path) -> dict[str, float]:
-    """Mean of each timing key over the steps after the first."""
-    argv = ["@", str(EXAMPLE), f"--name={name}", f"--output_dir={out}", f"--model.path={args.model}"]
-    argv += [f"--trainer.steps={args.steps}", "--eval.before=false", "--eval.size=1", "--checkpoint.every=0"]
-    argv += ["--monitor.progress=false", "--monitor.save_trajectories_every=0", *args.overrides]
-    argv += SETTINGS[name.split("-")[0]]
-    run_rl(load_config(RunConfig, argv, env={}))
+def export_revision(revision: str, into: Path) -> Path:
+    """The source tree of `revision` (src/ and the example) under `into`, from this checkout's git history."""
+    archive = into / "source.tar"
+    try:
+        subprocess.run(
+            ["git", "-C", str(REPO), "archive", "--format=tar", "-o", str(archive), revision, "src", "examples"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    except subprocess.CalledProcessError as exc:
+        sys.exit(f"--before {revision}: git archive failed ({exc.stderr.strip()}); pass a revision of this checkout")
+    tree = into / f"thermik-{revision}"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+def run_once(args: argparse.Namespace, name: str, out: Path, old_tree: Path | None = None) -> dict[str, float]:
+    """Mean of each timing key over the steps after the first; `old_tree`: run that exported revision's thermik."""
+    example = (old_tree or REPO) / EXAMPLE
+    argv = ["@", str(example), f"--name={name}", f"--output_dir={out}", f"--model.path={args.model}"]
+    argv += [f"--data.train_path={args.data}", f"--trainer.steps={args.steps}", "--eval.before=false"]
+    argv += ["--eval.size=1", "--checkpoint.every=0", "--monitor.progress=false", "--monitor.save_trajectories_every=0"]
+    argv += [*args.overrides, *SETTINGS[name.split("-")[0]]]
+    if old_tree is None:
+        run_rl(load_config(RunConfig, argv, env={}))
+    else:
+        env = {**os.environ, "PYTHONPATH": str(old_tree / "src")}
+        subprocess.run([sys.executable, "-c", OLD_RUN, *argv], check=True, env=env, cwd=REPO)
     records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "time/step" in r][1:]
     return {key: statistics.mean(r[key] for r in steps) for key in KEYS}
@@ -50,22 +87,29 @@ def run_once(args: argparse.Namespace, name: str, out: Path) -> dict[str, float]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="runs/smollm2-sft/model", help="the SFT checkpoint RL starts from")
+    parser.add_argument("--data", default="runs/smollm2-data/rows.jsonl", help="the example's training rows")
     parser.add_argument("--steps", type=int, default=4, help="RL steps per run (the first is not timed)")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("overrides", nargs="*", help="more config flags for both runs, e.g. --trainer.group_size=4")
+    parser.add_argument("--before", metavar="REV", help="also run the float32 step of git revision REV (eeb00c9)")
+    parser.add_argument("overrides", nargs="*", help="more config flags for every run, e.g. --trainer.group_size=4")
     args = parser.parse_args()
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
+    args.model, args.data = (str(Path(p).resolve()) for p in (args.model, args.data))
+    names = ([f"float32@{args.before}"] if args.before else []) + list(SETTINGS)
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
+        old_tree = export_revision(args.before, Path(tmp)) if args.before else None
         for r in range(args.rounds):
-            for name in SETTINGS:
-                results[name].append(run_once(args, f"{name}-{r}", Path(tmp)))
+            for name in names:
+                tree = old_tree if "@" in name else None
+                results[name].append(run_once(args, f"{name.replace('@', '-at-')}-{r}", Path(tmp), tree))
     print(f"\nGRPO step, {EXAMPLE.parent.name} shape, mean over steps 2..{args.steps} of {args.rounds} round(s):")
-    print(f"  {'precision':<10}" + "".join(f"{key:>16}" for key in KEYS))
+    print(f"  {'run':<18}" + "".join(f"{key:>16}" for key in KEYS))
     means = {name: {k: statistics.mean(r[k] for r in rs) for k in KEYS} for name, rs in results.items()}
     for name, m in means.items():
-        print(f"  {name:<10}" + "".join(f"{m[k]:>15.2f}s" for k in KEYS))
-    ratios = "".join(f"{means['float32'][k] / means['bf16'][k]:>15.2f}x" for k in KEYS)
-    print(f"  {'f32/bf16':<10}{ratios}")
+        print(f"  {name:<18}" + "".join(f"{m[k]:>15.2f}s" for k in KEYS))
+    for name in names[:-1]:
+        ratios = "".join(f"{means[name][k] / means['bf16'][k]:>15.2f}x" for k in KEYS)
+        print(f"  {name + ' / bf16':<18}{ratios}")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,41 @@ def test_checksum_is_exact_and_layout_independent():
     assert len({checksum(w), checksum(w * 8), checksum(-w), checksum(w.to(torch.bfloat16) * 2)}) == 4
 
 
+def _edge_floats(n: int) -> torch.Tensor:
+    """Random float32 values plus the cases bfloat16 rounding must get right: ties (odd and even), values that round
+    up into the exponent, infinities, signed zeros, denormals."""
+    ties = torch.tensor([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF, 0x00008000, 0x80018000], dtype=torch.int64).to(
+        torch.int32
+    )
+    special = torch.tensor([float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -3e-39, 65504.0, -1.0])
+    return torch.cat([torch.randn(n) * 100, ties.view(torch.float32), special])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_c_checksum_gives_the_pytorch_paths_integers(monkeypatch, threads):
+    """kernels/checksum.c against the PyTorch path (THERMIK_CPU_KERNELS=0) on every type pair it reads, including a
+    float32 tensor checksummed as its bfloat16 rounding, and over more elements than one thread takes."""
+    torch.set_num_threads(threads)
+    x = _edge_floats(200_003)
+    cases = [(x, None), (x, torch.bfloat16), (x.to(torch.bfloat16), None), (x.to(torch.float16), None)]
+    cases += [
+        (torch.randn(70_001).view(torch.int32), None),
+        (torch.randn(9, dtype=torch.float16).view(torch.int16), None),
+    ]
+    fast = [checksum(t, dtype) for t, dtype in cases]
+    monkeypatch.setenv("THERMIK_CPU_KERNELS", "0")
+    assert fast == [checksum(t, dtype) for t, dtype in cases]
+    assert fast[1] == checksum(x.to(torch.bfloat16))  # the kernel's rounding is torch's
+
+
+def test_a_nan_checksummed_as_bfloat16_takes_the_pytorch_path():
+    """torch's own float32 -> bfloat16 conversions differ on NaN (scalar 0x7FC0, vectorized 0xFFFF): the kernel
+    declines and the checksum is that of the tensor torch converts."""
+    x = _edge_floats(1000)
+    x[17] = float("nan")
+    assert checksum(x, torch.bfloat16) == checksum(x.to(torch.bfloat16))
+
+
 def test_a_healthy_run_passes_both_guards(tmp_path, tiny_model_dir):
     out = _run(tmp_path, tiny_model_dir, parity_every=1)
     rows = [r for r in read_metrics(tmp_path / "guards" / "metrics.jsonl") if "guards/parity_max_abs_diff" in r]

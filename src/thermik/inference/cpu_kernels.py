@@ -1,5 +1,6 @@
-"""Fused float32 / bfloat16 CPU kernels, compiled on first use: the embedded engine's decode step (kernels/decode.c)
-and the vocabulary-sized logprob work shared by the trainer and the engine (kernels/vocab.c, `VocabKernels`).
+"""Fused float32 / bfloat16 CPU kernels, compiled on first use: the embedded engine's decode step (kernels/decode.c),
+the vocabulary-sized logprob work shared by the trainer and the engine (kernels/vocab.c, `VocabKernels`) and the
+weight-checksum guard's hash (kernels/checksum.c, `ChecksumKernels`).
 
 A decode step of a small model on CPU spends more time dispatching ~20 small PyTorch ops per layer than in
 its matrix products. `kernels/decode.c` does the elementwise work of a layer (RMSNorm, RoPE + KV-cache
@@ -23,6 +24,7 @@ import subprocess
 import warnings
 from functools import cache
 from pathlib import Path
+from typing import ClassVar, TypeVar
 
 import torch
 from torch import Tensor
@@ -37,6 +39,7 @@ FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fass
 FLAGS += ("-fPIC", "-shared")
 OPENMP = "-fopenmp"  # dropped when the compiler lacks it: the kernels then run on the calling thread
 _F, _I, _P = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
+_Binding = TypeVar("_Binding")
 
 
 def _cpu_signature() -> str:
@@ -209,6 +212,36 @@ class VocabKernels:
         return ids, logp
 
 
+class ChecksumKernels:
+    """ctypes bindings of kernels/checksum.c: training/consistency.py's weight checksum in one pass, no copies."""
+
+    READS: ClassVar[dict[tuple[torch.dtype, torch.dtype], str]] = {  # (tensor dtype, checksummed as) -> kernel
+        (torch.float32, torch.float32): "i32",
+        (torch.int32, torch.int32): "i32",
+        (torch.bfloat16, torch.bfloat16): "i16",
+        (torch.float16, torch.float16): "i16",
+        (torch.int16, torch.int16): "i16",
+        (torch.float32, torch.bfloat16): "f32_as_bf16",
+    }
+
+    def __init__(self, library: Path) -> None:
+        lib = ctypes.CDLL(str(library))
+        self._fns = {}
+        for name in set(self.READS.values()):
+            self._fns[name] = fn = getattr(lib, f"thermik_checksum_{name}")
+            fn.argtypes, fn.restype = [_P, _I, _I], ctypes.c_int64
+
+    def __call__(self, tensor: Tensor, dtype: torch.dtype) -> int | None:
+        """The wrapping 32-bit sum (as a signed int) for a contiguous CPU `tensor` read as `dtype`, or None where
+        the caller must run its PyTorch path (another pair of types, a NaN rounded to bfloat16)."""
+        kernel = self.READS.get((tensor.dtype, dtype))
+        if kernel is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
+            return None
+        n = tensor.numel()
+        total = self._fns[kernel](tensor.data_ptr(), n, max(1, torch.get_num_threads()) if n >= 1 << 16 else 1)
+        return None if total < 0 else total - (1 << 32) if total >= 1 << 31 else total
+
+
 def compiled(name: str) -> Path:
     """The shared library of kernels/`name`.c (with common.h), built on first use for this CPU and cached."""
     source = KERNELS / f"{name}.c"
@@ -247,12 +280,23 @@ def vocab_kernels_for(logits: Tensor) -> VocabKernels | None:
     return load_vocab() if usable and kernels_enabled() else None
 
 
+def _bind(name: str, binding: type[_Binding]) -> _Binding | None:
+    """kernels/`name`.c built and bound, or None after a warning where it cannot be built."""
+    try:
+        return binding(compiled(name))
+    except (OSError, RuntimeError) as exc:
+        warnings.warn(f"thermik {name} kernels unavailable ({exc}); the PyTorch path runs", stacklevel=3)
+        return None
+
+
 @cache
 def load_vocab() -> VocabKernels | None:
     """The vocabulary kernels, or None (warned once) where they cannot be built. Callers check `kernels_enabled()`
     per call (THERMIK_CPU_KERNELS=0 selects their PyTorch path)."""
-    try:
-        return VocabKernels(compiled("vocab"))
-    except (OSError, RuntimeError) as exc:
-        warnings.warn(f"thermik vocabulary kernels unavailable ({exc}); the PyTorch path runs", stacklevel=2)
-        return None
+    return _bind("vocab", VocabKernels)
+
+
+@cache
+def load_checksum() -> ChecksumKernels | None:
+    """The checksum kernels, or None (warned once) where they cannot be built; callers check `kernels_enabled()`."""
+    return _bind("checksum", ChecksumKernels)

@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 
 from thermik.inference import cpu_kernels
 from thermik.inference.kv_cache import SlotKVCache
-from thermik.models.architecture import apply_rope, unsupported_reason
+from thermik.models.architecture import apply_rope, rms_norm, unsupported_reason
 
 
 def _fuse_transposed(modules: list[torch.nn.Linear]) -> tuple[Tensor, Tensor | None]:
@@ -108,10 +108,6 @@ class _Layer:
 
     def projections(self) -> tuple[_Projection, ...]:
         return self.qkv, self.o, self.gate_up, self.down
-
-
-def _rms_norm(x: Tensor, norm: torch.nn.Module) -> Tensor:
-    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, num_kv_heads: int) -> Tensor:
@@ -210,22 +206,22 @@ class NativeCausalLM:
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         x = self.embed(tokens)
         for i, layer in enumerate(self.layers):
-            h = _rms_norm(x, layer.in_norm)
+            h = rms_norm(x, layer.in_norm)
             qkv = layer.qkv(h)
             qk, v = qkv.split(((nh + nkv) * hd, nkv * hd), dim=-1)
             qk = qk.view(batch, width, nh + nkv, hd)
             if layer.q_norm is not None:
-                qk = torch.cat([_rms_norm(qk[:, :, :nh], layer.q_norm), _rms_norm(qk[:, :, nh:], layer.k_norm)], 2)
+                qk = torch.cat([rms_norm(qk[:, :, :nh], layer.q_norm), rms_norm(qk[:, :, nh:], layer.k_norm)], 2)
             q, k = apply_rope(qk.transpose(1, 2), cos, sin).split((nh, nkv), dim=1)  # one RoPE for queries and keys
             v = v.view(batch, width, nkv, hd).transpose(1, 2)
             k_all, v_all = cache.write(i, rows, positions, k, v, span)
             attn = _attention(q, k_all, v_all, mask, nkv)
             x = x + layer.o(attn.transpose(1, 2).reshape(batch, width, nh * hd))
-            h = _rms_norm(x, layer.post_norm)
+            h = rms_norm(x, layer.post_norm)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         x = x[torch.arange(batch, device=device), last]
-        return self.lm_head(_rms_norm(x, self.final_norm)).float()
+        return self.lm_head(rms_norm(x, self.final_norm)).float()
 
     def _decode(self, tokens: Tensor, slots: Tensor | slice, positions: Tensor, cache: SlotKVCache) -> Tensor:
         """`forward` for one token per row (tokens [B]) with the fused CPU kernels; returns logits [B, V]."""

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from thermik.config.schema import GuardsConfig
+from thermik.inference import cpu_kernels
 from thermik.inference.base import InferenceEngine, SamplingParams
 from thermik.training.batch import token_logprobs
 
@@ -34,11 +35,17 @@ class ConsistencyError(RuntimeError):
 
 
 @torch.no_grad()
-def checksum(tensor: torch.Tensor) -> int:
+def checksum(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> int:
     """Each element's raw bits through an integer mix (multiply, xor-shift, multiply), summed with wrap-around: exact
     and order-independent, and a structured change (a tensor scaled by a power of two, negated) does not cancel out
-    as it does in a plain sum of the bits. 32-bit arithmetic: ten times faster on CPU than 64-bit."""
-    flat = tensor.detach().contiguous().reshape(-1)
+    as it does in a plain sum of the bits. 32-bit arithmetic: ten times faster on CPU than 64-bit. `dtype`: the
+    checksum of `tensor.to(dtype)`. CPU tensors of the common types take one C pass (kernels/checksum.c), the same
+    integers without the copies: on SmolLM2-135M, 0.63 s of every bf16 sync's guard."""
+    dtype = dtype or tensor.dtype
+    kernels = cpu_kernels.load_checksum() if cpu_kernels.kernels_enabled() else None
+    if kernels is not None and (fast := kernels(tensor.detach(), dtype)) is not None:
+        return fast
+    flat = tensor.detach().to(dtype).contiguous().reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)
     bits = flat.view(_BITS[flat.element_size()])
@@ -57,7 +64,7 @@ def weight_mismatches(sent: Mapping[str, torch.Tensor], held: Mapping[str, torch
         mine = held.get(name)
         if mine is None:
             bad.append(f"{name} (absent in the engine)")
-        elif checksum(tensor.to(device=mine.device, dtype=mine.dtype)) != checksum(mine):
+        elif checksum(tensor.to(device=mine.device), mine.dtype) != checksum(mine):
             bad.append(name)
     return bad
 
