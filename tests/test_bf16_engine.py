@@ -74,10 +74,11 @@ def test_bf16_rms_norm_kernel_rounds_like_transformers() -> None:
 
 
 @needs_kernels
-@pytest.mark.parametrize("dim", [16, 64])
-def test_bf16_decode_attention_matches_float32_softmax(dim: int) -> None:
-    """Queries rounded to bfloat16 attend in float32: only the output's rounding (relative u) remains."""
-    batch, kv_heads, group, max_len = 5, 2, 3, 40
+@pytest.mark.parametrize(("dim", "group"), [(16, 3), (64, 3), (64, 5), (128, 1), (128, 8)])
+def test_bf16_decode_attention_matches_float32_softmax(dim: int, group: int) -> None:
+    """Queries rounded to bfloat16 attend in float32: only the output's rounding (relative u) remains. Head sizes
+    and query groups with a specialised kernel (64, 128; 1-4, 6, 8) and without."""
+    batch, kv_heads, max_len = 5, 2, 40
     gen = torch.Generator().manual_seed(0)
     keys, values = (torch.randn(8, kv_heads, max_len, dim, generator=gen).bfloat16() for _ in range(2))
     q = (torch.randn(batch, kv_heads * group, dim, generator=gen) * dim**-0.5).bfloat16()

@@ -154,6 +154,20 @@ static inline void attend_head(const bf16 *q, const float *qf, const bf16 *keys,
  * attend to the first len[b] positions of cache slot slot[b] (caches [slots, kv_heads, max_len, dim]); each key
  * and value row is read once for the whole query group. Writes out [B, kv_heads * group, dim]. `scratch` holds
  * group * (max_len + dim) floats per thread. Rows are independent: the result does not depend on `threads`. */
+/* attend_head with a constant head size and, for the common GQA group sizes, a constant group: the group's
+ * accumulators then stay in vector registers across the value rows (2x faster at 3 x 64 on SmolLM2's shape). */
+#define ATTEND(G, D) attend_head(qb, qf, keys, values, len[b], G, D, max_len, scores, acc)
+#define ATTEND_GROUPS(D)             \
+    switch (group) {                 \
+        case 1: ATTEND(1, D); break; \
+        case 2: ATTEND(2, D); break; \
+        case 3: ATTEND(3, D); break; \
+        case 4: ATTEND(4, D); break; \
+        case 6: ATTEND(6, D); break; \
+        case 8: ATTEND(8, D); break; \
+        default: ATTEND(group, D);   \
+    }
+
 void thermik_decode_attention_bf16(const bf16 *q, const bf16 *k_cache, const bf16 *v_cache, const int64_t *slot,
                                    const int64_t *len, int64_t rows, int64_t kv_heads, int64_t group, int64_t dim,
                                    int64_t max_len, float *scratch, bf16 *out, int64_t threads) {
@@ -166,11 +180,11 @@ void thermik_decode_attention_bf16(const bf16 *q, const bf16 *k_cache, const bf1
             const int64_t head0 = (b * kv_heads + h) * group, at = (slot[b] * kv_heads + h) * max_len * dim;
             for (int64_t i = 0; i < group * dim; i++) qf[i] = bf16_load(q[head0 * dim + i]);
             const bf16 *qb = q + head0 * dim, *keys = k_cache + at, *values = v_cache + at;
-            if (dim == 64)
-                attend_head(qb, qf, keys, values, len[b], group, 64, max_len, scores, acc);
-            else if (dim == 128)
-                attend_head(qb, qf, keys, values, len[b], group, 128, max_len, scores, acc);
-            else
+            if (dim == 64) {
+                ATTEND_GROUPS(64)
+            } else if (dim == 128) {
+                ATTEND_GROUPS(128)
+            } else
                 attend_head(qb, qf, keys, values, len[b], group, dim, max_len, scores, acc);
             for (int64_t i = 0; i < group * dim; i++) out[head0 * dim + i] = bf16_store(acc[i]);
         }
