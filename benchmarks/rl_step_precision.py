@@ -1,4 +1,4 @@
-"""One GRPO step of the real-model example in float32 against bfloat16, same samples shape, one process.
+"""One GRPO step of the real-model example in float32 against bfloat16, same samples shape, one command.
 
 Runs the SmolLM2 example's RL half (`examples/smollm2_word_problems/rl.toml`: 8 prompts x 8 samples, word problems
 through the MCP calculator, full fine-tune) for --steps steps in each precision:
@@ -7,18 +7,18 @@ through the MCP calculator, full fine-tune) for --steps steps in each precision:
   float32 (`model.train_precision = "float32"`): what thermik did before bf16 existed;
 - bf16: the engine in bfloat16 and the trainer in bf16-mixed (float32 master weights), the example's setting.
 
-`--before REV` adds a third run first: the float32 step as thermik's code at git revision REV ran it (the source
-is exported from git into a temporary directory and run in a subprocess of its own, with the same config, flags,
-data and checkpoint). The issue's "today's float32 step" is the float32 step before the bf16 work; the earliest
-revision that runs this example is eeb00c9 (issue 15's bf16 engine and trainer had landed, in float32 they run
-the code paths of before; the speed work of later sessions, which float32 shares, had not). That run turns off the
-weight-checksum guard, which the step at the issue's filing did not have; two changes between the filing and
-eeb00c9 made its float32 step faster (the inverse-CDF sampler, entropy from the computed log-softmax), so the
-revision is, if anything, faster than the step the issue measured.
+`--before REV` adds a third run first: the float32 step as thermik's code at git revision REV ran it (its source is
+exported from git into a temporary directory and run with the same config, flags, data and checkpoint). The
+issue's "today's float32 step" is the float32 step before the bf16 work; the earliest revision that runs this
+example is eeb00c9 (issue 15's bf16 engine and trainer had landed, in float32 they run the code paths of before;
+the speed work of later sessions, which float32 shares, had not). That run turns off the weight-checksum guard,
+which the step at the issue's filing did not have; two changes between the filing and eeb00c9 made its float32
+step faster (the inverse-CDF sampler, entropy from the computed log-softmax), so the revision is, if anything,
+faster than the step the issue measured.
 
-The runs alternate --rounds times (so background load hits them alike). Each run starts from the same checkpoint
-and seed. Prints the mean step time after the first step of each run, split into generation and training, and the
-ratios to bf16.
+The runs alternate --rounds times (so background load hits them alike), each in a process of its own (no run
+inherits another's heap). Each run starts from the same checkpoint and seed. Prints the mean step time after the
+first step of each run, split into generation and training, and the ratios to bf16.
 
     bash examples/smollm2_word_problems/run.sh          # once: builds runs/smollm2-sft/model
     python benchmarks/rl_step_precision.py --steps 10 --rounds 1 --before eeb00c9 [-- --trainer.group_size=4 ...]
@@ -36,10 +36,6 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from thermik.config.loader import load_config
-from thermik.config.schema import RunConfig
-from thermik.runs.local import run_rl
-
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = Path("examples") / "smollm2_word_problems" / "rl.toml"
 SETTINGS = {
@@ -47,9 +43,9 @@ SETTINGS = {
     "bf16": ["--inference.precision=bfloat16", "--model.train_precision=bf16-mixed"],
 }
 KEYS = ("time/step", "time/generate", "time/train")
-# Run in the subprocess of a --before run, with that revision's thermik first on sys.path.
-OLD_RUN = "import sys; from thermik.config.loader import load_config; from thermik.config.schema import RunConfig; "
-OLD_RUN += "from thermik.runs.local import run_rl; run_rl(load_config(RunConfig, sys.argv[1:], env={}))"
+# Each run is a process of its own (no run inherits another's heap), with its revision's thermik first on sys.path.
+RUN = "import sys; from thermik.config.loader import load_config; from thermik.config.schema import RunConfig; "
+RUN += "from thermik.runs.local import run_rl; run_rl(load_config(RunConfig, sys.argv[1:], env={}))"
 
 
 def export_revision(revision: str, into: Path) -> Path:
@@ -71,18 +67,17 @@ def export_revision(revision: str, into: Path) -> Path:
 
 
 def run_once(args: argparse.Namespace, name: str, out: Path, old_tree: Path | None = None) -> dict[str, float]:
-    """Mean of each timing key over the steps after the first; `old_tree`: run that exported revision's thermik."""
+    """Mean of each timing key over the steps after the first, run in a subprocess on this checkout's thermik or on
+    `old_tree`'s (an exported revision)."""
     example = (old_tree or REPO) / EXAMPLE
     argv = ["@", str(example), f"--name={name}", f"--output_dir={out}", f"--model.path={args.model}"]
     argv += [f"--data.train_path={args.data}", f"--trainer.steps={args.steps}", "--eval.before=false"]
     argv += ["--eval.size=1", "--checkpoint.every=0", "--monitor.progress=false", "--monitor.save_trajectories_every=0"]
     argv += [*args.overrides, *SETTINGS[name.split("-")[0]]]
-    if old_tree is None:
-        run_rl(load_config(RunConfig, argv, env={}))
-    else:
+    if old_tree is not None:
         argv.append("--guards.weight_checksum=false")  # the step at the issue's filing had no checksum guard
-        env = {**os.environ, "PYTHONPATH": str(old_tree / "src")}
-        subprocess.run([sys.executable, "-c", OLD_RUN, *argv], check=True, env=env, cwd=REPO)
+    env = {**os.environ, "PYTHONPATH": str((old_tree or REPO) / "src")}
+    subprocess.run([sys.executable, "-c", RUN, *argv], check=True, env=env, cwd=REPO)
     records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "time/step" in r][1:]
     return {key: statistics.mean(r[key] for r in steps) for key in KEYS}
