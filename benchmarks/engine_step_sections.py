@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     t0 = time.perf_counter()
     engine.generate_batch(prompts, params)
     wall = time.perf_counter() - t0
-    steps = calls["decode step"]  # the forward's total also holds the prefill
+    with engine._model_lock:  # the last results arrive inside the last timed step: let it finish counting
+        steps = calls["decode step"]  # the forward's total also holds the prefill
     print(f"{args.model}, {args.dtype}, batch {args.batch} x {args.tokens} tokens, {torch.get_num_threads()} threads: "
           f"{args.batch * args.tokens / wall:.0f} tok/s, {steps} decode steps")  # fmt: skip
     per_step = {key: 1e3 * totals[key] / max(steps, 1) for key in SECTIONS}

@@ -71,7 +71,8 @@ def run_once(args: argparse.Namespace, name: str, out: Path, old_tree: Path | No
     `old_tree`'s (an exported revision)."""
     example = (old_tree or REPO) / EXAMPLE
     argv = ["@", str(example), f"--name={name}", f"--output_dir={out}", f"--model.path={args.model}"]
-    argv += [f"--data.train_path={args.data}", f"--trainer.steps={args.steps}", "--eval.before=false"]
+    argv += [f"--data.train_path={args.data}"] if args.data else []
+    argv += [f"--trainer.steps={args.steps}", "--eval.before=false"]
     argv += ["--eval.size=1", "--checkpoint.every=0", "--monitor.progress=false", "--monitor.save_trajectories_every=0"]
     argv += [*args.overrides, *SETTINGS[name.split("-")[0]]]
     if old_tree is not None:

@@ -180,6 +180,6 @@ def test_engine_step_sections_tool_times_every_section(tiny_model_dir, capsys: p
     sampling = ("fused_sample", "sample", "process_logits", "token_logprobs")
     assert 0 < sum(per_step[key] for key in sampling) <= per_step["sample+record"]
     # 6 tokens = the prefill's + 5 decode steps per request; the scheduler may admit the 4 requests in more than one
-    # wave (a loaded machine), which adds steps but never removes one.
+    # wave (a loaded machine), which adds steps but never removes one (the tool counts after the last step ends).
     steps = int(re.search(r"(\d+) decode steps", capsys.readouterr().out).group(1))
     assert 5 <= steps <= 4 * 5

@@ -93,7 +93,7 @@ def _edge_floats(n: int) -> torch.Tensor:
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_c_checksum_gives_the_pytorch_paths_integers(monkeypatch, threads):
     """kernels/checksum.c against the PyTorch path (THERMIK_CPU_KERNELS=0) on every type pair it reads, including a
-    float32 tensor checksummed as its bfloat16 rounding, and over more elements than one thread takes."""
+    float32 tensor checksummed as its bfloat16 rounding, strided views, and more elements than one thread takes."""
     torch.set_num_threads(threads)
     x = _edge_floats(200_003)
     cases = [(x, None), (x, torch.bfloat16), (x.to(torch.bfloat16), None), (x.to(torch.float16), None)]
@@ -101,6 +101,8 @@ def test_the_c_checksum_gives_the_pytorch_paths_integers(monkeypatch, threads):
         (torch.randn(70_001).view(torch.int32), None),
         (torch.randn(9, dtype=torch.float16).view(torch.int16), None),
     ]
+    fused = x[: 250 * 700].view(250, 700)  # the engine's projections: column slices of a fused weight, transposed
+    cases += [(fused[:, 100:400].t(), None), (fused[:, 100:400], torch.bfloat16), (fused.bfloat16()[:, :50].t(), None)]
     fast = [checksum(t, dtype) for t, dtype in cases]
     monkeypatch.setenv("THERMIK_CPU_KERNELS", "0")
     assert fast == [checksum(t, dtype) for t, dtype in cases]

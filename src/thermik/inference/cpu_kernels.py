@@ -229,16 +229,26 @@ class ChecksumKernels:
         self._fns = {}
         for name in set(self.READS.values()):
             self._fns[name] = fn = getattr(lib, f"thermik_checksum_{name}")
-            fn.argtypes, fn.restype = [_P, _I, _I], ctypes.c_int64
+            fn.argtypes, fn.restype = [_P, _I, _I, _I, _I], ctypes.c_int64
 
     def __call__(self, tensor: Tensor, dtype: torch.dtype) -> int | None:
-        """The wrapping 32-bit sum (as a signed int) for a contiguous CPU `tensor` read as `dtype`, or None where
-        the caller must run its PyTorch path (another pair of types, a NaN rounded to bfloat16)."""
+        """The wrapping 32-bit sum (as a signed int) for a CPU `tensor` read as `dtype`, or None where the caller
+        must run its PyTorch path (another pair of types, a layout other than contiguous or rows of contiguous
+        elements, a NaN rounded to bfloat16). The sum is order-independent, so a transposed matrix is read as its
+        transpose: the engine's projections are column slices of fused weights."""
         kernel = self.READS.get((tensor.dtype, dtype))
-        if kernel is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
+        if kernel is None or tensor.device.type != "cpu":
             return None
-        n = tensor.numel()
-        total = self._fns[kernel](tensor.data_ptr(), n, max(1, torch.get_num_threads()) if n >= 1 << 16 else 1)
+        if tensor.dim() == 2 and tensor.stride(0) == 1 and tensor.shape[0] > 1:
+            tensor = tensor.t()
+        if tensor.is_contiguous():
+            rows, cols, stride = 1, tensor.numel(), tensor.numel()
+        elif tensor.dim() == 2 and tensor.stride(1) == 1:
+            (rows, cols), stride = tensor.shape, tensor.stride(0)
+        else:
+            return None
+        threads = max(1, torch.get_num_threads()) if rows * cols >= 1 << 16 else 1
+        total = self._fns[kernel](tensor.data_ptr(), rows, cols, stride, threads)
         return None if total < 0 else total - (1 << 32) if total >= 1 << 31 else total
 
 

@@ -8,8 +8,9 @@ gather, so their gradients add up over the group exactly as in n separate forwar
 it returns equal `batch.token_logprobs` on every response position (to float rounding; tested, values and
 gradients); prompt positions, which carry no loss, are 0.
 
-It calls the HF model's own submodules (projections, norms, MLP, rotary embedding), so PEFT adapters on them
-apply; only the attention wiring is ours. Qwen2/Qwen3/Llama-shaped models only (the same family as the engine's
+It calls the HF model's own submodules (projections, MLP, rotary embedding), so PEFT adapters on them apply, and
+runs its RMSNorms as one fused op on their weights (`models.architecture.rms_norm`); only the attention wiring is
+ours. Qwen2/Qwen3/Llama-shaped models only (the same family as the engine's
 native forward); `token_logprobs_shared` falls back to the plain forward for anything else, and when no two rows
 of the micro-batch share a prompt.
 """

@@ -16,29 +16,37 @@ static inline uint32_t mix(int32_t value) {
     return h * MIX_SECOND;
 }
 
-int64_t thermik_checksum_i32(const int32_t *x, int64_t n, int64_t threads) {
-    uint32_t sum = 0;
-#pragma omp parallel for num_threads(threads) reduction(+ : sum) schedule(static)
-    for (int64_t i = 0; i < n; i++) sum += mix(x[i]);
-    return (int64_t)sum;
-}
-
-int64_t thermik_checksum_i16(const int16_t *x, int64_t n, int64_t threads) {
-    uint32_t sum = 0;
-#pragma omp parallel for num_threads(threads) reduction(+ : sum) schedule(static)
-    for (int64_t i = 0; i < n; i++) sum += mix((int32_t)x[i]); /* sign-extended, as int16.to(int32) */
-    return (int64_t)sum;
-}
-
-/* The checksum of x.to(torch.bfloat16) for float32 x, without the copy: round to nearest, ties to even. */
-int64_t thermik_checksum_f32_as_bf16(const uint32_t *x, int64_t n, int64_t threads) {
-    uint32_t sum = 0, nans = 0;
-#pragma omp parallel for num_threads(threads) reduction(+ : sum, nans) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t bits = x[i];
-        nans += (bits & 0x7fffffffu) > 0x7f800000u;
-        uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-        sum += mix((int32_t)(int16_t)(uint16_t)rounded);
+/* Each function reads `rows` rows of `cols` contiguous elements, row r starting at x + r * stride (a contiguous
+ * tensor is one row; a column slice of a fused weight, as the engine holds them, is strided). A single row splits
+ * over the threads by element, several rows by row. HASH(v) turns one raw element into the mixed integer; NAN(v)
+ * is 1 for an element the kernel must not hash. */
+#define DEFINE_CHECKSUM(NAME, T, HASH, NAN)                                                                    \
+    int64_t NAME(const T *x, int64_t rows, int64_t cols, int64_t stride, int64_t threads) {                   \
+        uint32_t sum = 0, nans = 0;                                                                         \
+        if (rows == 1) {                                                                                    \
+            _Pragma("omp parallel for num_threads(threads) reduction(+ : sum, nans) schedule(static)")     \
+            for (int64_t i = 0; i < cols; i++) {                                                            \
+                nans += NAN(x[i]);                                                                          \
+                sum += HASH(x[i]);                                                                          \
+            }                                                                                               \
+        } else {                                                                                            \
+            _Pragma("omp parallel for num_threads(threads) reduction(+ : sum, nans) schedule(static)")     \
+            for (int64_t r = 0; r < rows; r++)                                                              \
+                for (int64_t i = 0; i < cols; i++) {                                                        \
+                    nans += NAN(x[r * stride + i]);                                                         \
+                    sum += HASH(x[r * stride + i]);                                                         \
+                }                                                                                           \
+        }                                                                                                   \
+        return nans ? -1 : (int64_t)sum;                                                                    \
     }
-    return nans ? -1 : (int64_t)sum;
-}
+
+#define HASH_I32(v) mix(v)
+#define HASH_I16(v) mix((int32_t)(v)) /* sign-extended, as int16.to(int32) */
+/* x.to(torch.bfloat16) for float32 bits, without the copy: round to nearest, ties to even. */
+#define HASH_F32_AS_BF16(v) mix((int32_t)(int16_t)(uint16_t)(((v) + 0x7fffu + (((v) >> 16) & 1u)) >> 16))
+#define NEVER(v) 0
+#define IS_NAN_F32(v) (((v) & 0x7fffffffu) > 0x7f800000u)
+
+DEFINE_CHECKSUM(thermik_checksum_i32, int32_t, HASH_I32, NEVER)
+DEFINE_CHECKSUM(thermik_checksum_i16, int16_t, HASH_I16, NEVER)
+DEFINE_CHECKSUM(thermik_checksum_f32_as_bf16, uint32_t, HASH_F32_AS_BF16, IS_NAN_F32)
