@@ -4,7 +4,7 @@ Runs the SmolLM2 example's RL half (`examples/smollm2_word_problems/rl.toml`: 8 
 through the MCP calculator, full fine-tune) for --steps steps in each precision:
 
 - float32: the engine's weights and KV cache in float32 (`inference.precision = "float32"`) and the trainer in
-  float32 (`model.train_precision = "float32"`): what thermik did before bf16 existed;
+  float32 (`model.train_precision = "float32"`), on this checkout's code;
 - bf16: the engine in bfloat16 and the trainer in bf16-mixed (float32 master weights), the example's setting.
 
 `--before REV` adds a third run first: the float32 step as thermik's code at git revision REV ran it (its source is
