@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from thermik.config.schema import AlgorithmConfig, TrainerConfig
 from thermik.models.presets import init_model
+from thermik.training import fused_head, shared_prefix
 from thermik.training.batch import TokenBatch, token_logprobs
 from thermik.training.loss import LossSetup
 from thermik.training.shared_prefix import plan_prefixes, token_logprobs_shared
@@ -76,7 +77,7 @@ def test_logprobs_entropy_and_gradients_equal_the_plain_forward(model: torch.nn.
         assert (g_shared - g_plain).norm() <= 1e-5 * g_plain.norm() + 1e-7
 
 
-def test_only_the_trained_positions_reach_the_lm_head(model: torch.nn.Module) -> None:
+def test_only_the_trained_positions_reach_the_lm_head(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
     """`only` (the loss mask, with holes where tool results sit): those positions equal the plain forward's, values
     and gradients of a loss over them; every other position is 0 and the lm head ran on the trained tokens only."""
     ids, attention, prompt_lens, response = grouped_batch(model.config.vocab_size)
@@ -99,11 +100,13 @@ def test_only_the_trained_positions_reach_the_lm_head(model: torch.nn.Module) ->
     for g, g_plain in zip(grads, plain_grads, strict=True):
         assert (g - g_plain).norm() <= 1e-5 * g_plain.norm() + 1e-7
     rows_seen = []
-    handle = model.lm_head.register_forward_hook(lambda mod, args, out: rows_seen.append(args[0].shape[-2]))
-    try:
-        token_logprobs_shared(model, ids, attention, prompt_lens, only=trained)
-    finally:
-        handle.remove()
+
+    def counting(head: torch.nn.Module, x: torch.Tensor, *args: object) -> object:
+        rows_seen.append(x.shape[0])
+        return fused_head.head_logprobs(head, x, *args)
+
+    monkeypatch.setattr(shared_prefix, "head_logprobs", counting)
+    token_logprobs_shared(model, ids, attention, prompt_lens, only=trained)
     assert rows_seen == [int(trained.sum())]
 
 

@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 
 from thermik.models.architecture import apply_rope, rms_norm, unsupported_reason
 from thermik.training.batch import logprobs_and_entropy
+from thermik.training.fused_head import embed, head_logprobs
 from thermik.training.lora import unwrapped
 
 
@@ -104,13 +105,26 @@ def token_logprobs_shared(
     if only is not None:
         keep = (cols < width) & (only.gather(1, cols.clamp(max=width - 1)) != 0)
         rows, at = keep.nonzero(as_tuple=True)
-        logits = lm.lm_head(lm.model.norm(hidden[rows, at]))[None]  # [1, K, V]
-        logp, entropy = logprobs_and_entropy(logits, response_ids[rows, at][None], temperature, entropy_grad)
+        logp, entropy = _head_logprobs(lm, hidden[rows, at], response_ids[rows, at], temperature, entropy_grad)
         where = (rows, cols[rows, at])
-        return tuple(x.new_zeros(len(cols), width).index_put(where, x[0]) for x in (logp, entropy))
+        return tuple(x.new_zeros(len(cols), width).index_put(where, x) for x in (logp, entropy))
     logits = lm.lm_head(lm.model.norm(hidden))
     logp, entropy = logprobs_and_entropy(logits, response_ids, temperature, entropy_grad)
     return _place(logp, cols, width), _place(entropy, cols, width)
+
+
+def _head_logprobs(
+    lm: torch.nn.Module, hidden: Tensor, targets: Tensor, temperature: float, entropy_grad: bool
+) -> tuple[Tensor, Tensor]:
+    """(logp [K], entropy [K]) of `targets` [K] after the final norm and the lm head on hidden [K, H]: fused
+    (`fused_head.head_logprobs`) where the head allows it."""
+    x = lm.model.norm(hidden)
+    inv_temp = 1.0 / temperature if temperature not in (0.0, 1.0) else 1.0
+    fused = head_logprobs(lm.lm_head, x, targets, inv_temp)
+    if fused is not None:
+        return fused[0], fused[1] if entropy_grad else fused[1].detach()
+    logp, entropy = logprobs_and_entropy(lm.lm_head(x)[None], targets[None], temperature, entropy_grad)
+    return logp[0], entropy[0]
 
 
 def _place(values: Tensor, cols: Tensor, width: int) -> Tensor:
@@ -139,7 +153,7 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
     response_ids = input_ids.gather(1, gather_at)
     real = (offsets < response_lens[:, None]).flatten().nonzero().squeeze(1)  # [N] into the flattened [B, S]
     # One lookup for both: the embedding's backward builds a dense [vocab, hidden] gradient per call.
-    x_p, x_r = inner.embed_tokens(torch.cat([prompt_ids.flatten(), response_ids.flatten()[real]])).split(
+    x_p, x_r = embed(inner.embed_tokens, torch.cat([prompt_ids.flatten(), response_ids.flatten()[real]])).split(
         [prompt_ids.numel(), len(real)]
     )
     x_p = x_p.view(*prompt_ids.shape, -1)

@@ -68,6 +68,28 @@ def _torch_backward(
         out[b, t] = block.mul_(inv_temp) if inv_temp != 1.0 else block
 
 
+def vocab_forward(logits: Tensor, targets: Tensor, inv_temp: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(logp, entropy, log-normaliser) [B, T] float32 of `targets` [B, T] (contiguous) under softmax(logits[:, :T] *
+    inv_temp), logits [B, L >= T, V]."""
+    out = tuple(torch.empty(targets.shape, dtype=torch.float32, device=logits.device) for _ in range(3))
+    kernels = vocab_kernels_for(logits)
+    (kernels.forward if kernels else _torch_forward)(logits, targets, inv_temp, out)
+    return out
+
+
+def vocab_backward(
+    saved: tuple[Tensor, ...], inv_temp: float, grads: tuple[Tensor | None, Tensor | None], out: Tensor
+) -> None:
+    """The gradient for the logits' [B, T] rows into `out`, which may be the logits themselves, from (logits, targets,
+    lse, entropy) and the gradients of (logp, entropy) (either may be None: zero)."""
+    logits, lse = saved[0], saved[2]
+    grad_logp, grad_entropy = grads
+    grad_logp = torch.zeros_like(lse) if grad_logp is None else grad_logp.float().contiguous()
+    grad_entropy = None if grad_entropy is None else grad_entropy.float().contiguous()
+    kernels = vocab_kernels_for(logits)
+    (kernels.backward if kernels else _torch_backward)(saved, inv_temp, (grad_logp, grad_entropy), out)
+
+
 class VocabLogprobs(torch.autograd.Function):
     """(logp [B, T], entropy [B, T]) of `targets` [B, T] under softmax(logits[:, :T] * inv_temp), float32.
     logits [B, L, V] with L >= T: the caller's logits as the model returned them (slicing off the last position
@@ -77,10 +99,7 @@ class VocabLogprobs(torch.autograd.Function):
     def forward(ctx, logits: Tensor, targets: Tensor, inv_temp: float) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         ctx.set_materialize_grads(False)
         targets = targets.contiguous()
-        out = tuple(torch.empty(targets.shape, dtype=torch.float32, device=logits.device) for _ in range(3))
-        kernels = vocab_kernels_for(logits)
-        (kernels.forward if kernels else _torch_forward)(logits, targets, inv_temp, out)
-        logp, entropy, lse = out
+        logp, entropy, lse = vocab_forward(logits, targets, inv_temp)
         ctx.save_for_backward(logits, targets, lse, entropy)
         ctx.inv_temp = inv_temp
         return logp, entropy
@@ -89,12 +108,9 @@ class VocabLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None) -> tuple[Tensor, None, None]:  # type: ignore[override]
         saved = ctx.saved_tensors
         logits, targets = saved[:2]
-        grad_logp = torch.zeros_like(saved[2]) if grad_logp is None else grad_logp.float().contiguous()
-        grad_entropy = None if grad_entropy is None else grad_entropy.float().contiguous()
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         grad[:, targets.shape[1] :] = 0
-        kernels = vocab_kernels_for(logits)
-        (kernels.backward if kernels else _torch_backward)(saved, ctx.inv_temp, (grad_logp, grad_entropy), grad)
+        vocab_backward(saved, ctx.inv_temp, (grad_logp, grad_entropy), grad)
         return grad, None, None
 
 

@@ -71,7 +71,9 @@ static inline float row_max_bf16(const bf16 *x, int64_t n) {
     }
 
 /* d(g logp + h H)/dz_j = g (onehot_j - p_j) - h p_j (log p_j + H), times inv_temp for d/dlogits; h_ent may be
- * NULL (no entropy gradient). Row (b, t) of the gradient starts at grad + b * grad0 + t * grad1. */
+ * NULL (no entropy gradient). Row (b, t) of the gradient starts at grad + b * grad0 + t * grad1. `grad` may be
+ * `logits` itself (the gradient overwrites the logits): each entry is read before it is written, the target's
+ * first. */
 #define DEFINE_VOCAB_BACKWARD(NAME, T, LOAD, STORE)                                                            \
     void NAME(const T *logits, int64_t batch, int64_t length, int64_t stride0, int64_t stride1, int64_t vocab, \
               const int64_t *targets, float inv_temp, const float *lse, const float *entropy, const float *g_logp, \
@@ -81,15 +83,15 @@ static inline float row_max_bf16(const bf16 *x, int64_t n) {
             const T *x = logits + r / length * stride0 + r % length * stride1;                              \
             T *out = grad + r / length * grad0 + r % length * grad1;                                        \
             float g = g_logp[r], h = h_ent ? h_ent[r] : 0.0f, ent = entropy[r], norm = lse[r];              \
+            const int64_t k = targets[r];                                                                   \
+            const float lp_k = LOAD(x[k]) * inv_temp - norm;                                                \
+            const float p_k = exp_nonpositive(lp_k < 0.0f ? lp_k : 0.0f);                                   \
             for (int64_t j = 0; j < vocab; j++) {                                                           \
                 float lp = LOAD(x[j]) * inv_temp - norm;                                                    \
                 float p = exp_nonpositive(lp < 0.0f ? lp : 0.0f);                                           \
                 out[j] = STORE(-p * (g + h * (lp + ent)) * inv_temp);                                       \
             }                                                                                               \
-            int64_t k = targets[r];                                                                         \
-            float lp = LOAD(x[k]) * inv_temp - norm;                                                        \
-            float p = exp_nonpositive(lp < 0.0f ? lp : 0.0f);                                               \
-            out[k] = STORE((g - p * (g + h * (lp + ent))) * inv_temp);                                      \
+            out[k] = STORE((g - p_k * (g + h * (lp_k + ent))) * inv_temp);                                  \
         }                                                                                                   \
     }
 

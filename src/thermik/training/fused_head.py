@@ -1,0 +1,169 @@
+"""The lm head with its token logprobs, and the embedding lookup, without vocabulary-sized temporaries per call.
+
+A small model's vocabulary-sized tensors are its largest: SmolLM2's head (tied to its embedding) is [49152, 576],
+and a micro-batch's logits [1156, 49152] are 113 MB in bfloat16. Through `nn.Linear`, `VocabLogprobs` and
+`nn.Embedding` each micro-batch allocates fresh ones: the weight's bfloat16 copy, the logits, their gradient, the
+weight's gradient in bfloat16 and again in float32, the embedding's dense zero gradient, and their sum. glibc maps
+each allocation that large afresh, so every one faults its pages in: a profiled RL update of the SmolLM2 example
+spent 1.4 s of 19 s in the fills and casts of [vocab, hidden] tensors alone, and the head's forward product took
+253 ms where 81 ms computes it into memory already touched.
+
+`HeadLogprobs` computes the weight's cast and the logits into buffers kept from one call to the next (per thread),
+writes the logits' gradient over the logits (`vocab_backward` allows it), and adds the weight's gradient into
+`weight.grad` in place, as does `EmbeddingIntoGrad` for the lookup's rows. Neither hands the weight's gradient to autograd, so hooks on the weight (`register_hook`, DDP's, FSDP's) do not see it:
+the shared-prompt forward, their only caller, never runs under such wrappers (`supports_shared_prefix`).
+Results equal `head(x)` + `VocabLogprobs` and `embedding(ids)`, values and gradients (tested).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from thermik.training.precision import Float32LMHead
+from thermik.training.vocab_logprobs import vocab_backward, vocab_forward
+
+
+class _Lease:
+    """Held by the autograd context of a forward that uses the thread's buffers, until its backward ends."""
+
+
+class _Buffers(threading.local):
+    """One thread's buffers: logits (and, after backward, their gradient), the weight's cast, the weight's gradient
+    in the compute dtype. A forward whose graph is still pending holds the lease; a forward meanwhile gets fresh
+    tensors."""
+
+    def __init__(self) -> None:
+        self.flat: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
+        self.lease: weakref.ref[_Lease] | None = None
+
+    def take(self) -> _Lease | None:
+        if self.lease is not None and self.lease() is not None:
+            return None
+        lease = _Lease()
+        self.lease = weakref.ref(lease)
+        return lease
+
+    def tensor(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        """A [shape] view of this thread's buffer `name`, grown (never shrunk) to fit."""
+        numel = 1
+        for size in shape:
+            numel *= size
+        key = (name, dtype, device)
+        flat = self.flat.get(key)
+        if flat is None or flat.numel() < numel:
+            flat = self.flat[key] = torch.empty(numel, dtype=dtype, device=device)
+        return flat[:numel].view(shape)
+
+    def weight_cast(self, weight: Tensor, dtype: torch.dtype) -> Tensor:
+        """`weight.to(dtype)` in the buffer. Cast at every forward: a fused optimizer step changes the weight without
+        bumping its version counter, so no cheap test tells an unchanged weight apart."""
+        return self.tensor("weight", tuple(weight.shape), dtype, weight.device).copy_(weight.detach())
+
+
+_buffers = _Buffers()
+
+
+def accumulate_grad(param: Tensor, grad: Tensor) -> None:
+    """param.grad += grad, in place (grad in any float dtype); the first gradient is copied in param's dtype."""
+    if param.grad is None:
+        param.grad = grad.to(param.dtype, copy=True)
+    else:
+        param.grad.add_(grad)
+
+
+class HeadLogprobs(torch.autograd.Function):
+    """(logp [K], entropy [K]) float32 of `targets` [K] under softmax((hidden [K, H] @ weight.T) * inv_temp), the
+    product in `dtype`. The weight's gradient is added into weight.grad (module docstring); returns none for it."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, inv_temp: float, dtype: torch.dtype):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        lease = _buffers.take()
+        h = hidden.detach().to(dtype)
+        shape = (1, h.shape[0], weight.shape[0])
+        if lease is None:
+            w, logits = weight.detach().to(dtype), torch.empty(shape, dtype=dtype, device=h.device)
+        else:
+            w, logits = _buffers.weight_cast(weight, dtype), _buffers.tensor("logits", shape, dtype, h.device)
+        with torch.autocast(h.device.type, enabled=False):
+            torch.mm(h, w.T, out=logits[0])
+        targets = targets.contiguous()[None]
+        logp, entropy, lse = vocab_forward(logits, targets, inv_temp)
+        ctx.save_for_backward(logits, targets, lse, entropy, h, w)
+        ctx.weight, ctx.inv_temp, ctx.lease, ctx.used = weight, inv_temp, lease, False
+        return logp[0], entropy[0]
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None):  # type: ignore[override]
+        if ctx.used:
+            raise RuntimeError("HeadLogprobs: backward ran twice (its gradient overwrote the logits it would need)")
+        ctx.used = True
+        logits, targets, lse, entropy, h, w = ctx.saved_tensors
+        grads = tuple(None if g is None else g[None] for g in (grad_logp, grad_entropy))
+        vocab_backward((logits, targets, lse, entropy), ctx.inv_temp, grads, logits)  # the gradient, in place
+        grad = logits[0]
+        with torch.autocast(h.device.type, enabled=False):
+            grad_hidden = grad @ w if ctx.needs_input_grad[0] else None
+            weight = ctx.weight
+            if weight.requires_grad:
+                if ctx.lease is None:
+                    accumulate_grad(weight, grad.T @ h)
+                else:
+                    out = _buffers.tensor("weight_grad", tuple(weight.shape), h.dtype, h.device)
+                    accumulate_grad(weight, torch.mm(grad.T, h, out=out))
+        ctx.lease = None
+        return grad_hidden, None, None, None, None
+
+
+class EmbeddingIntoGrad(torch.autograd.Function):
+    """weight[ids] whose backward adds the rows' gradients into weight.grad in place (no dense [vocab, hidden] zero
+    gradient per call); rows of `padding_idx` get none, as in `nn.Embedding`."""
+
+    @staticmethod
+    def forward(ctx, ids: Tensor, weight: Tensor, padding_idx: int | None) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(ids)
+        ctx.weight, ctx.padding_idx = weight, padding_idx
+        return F.embedding(ids, weight.detach())
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        (ids,) = ctx.saved_tensors
+        weight = ctx.weight
+        rows, grad_rows = ids.flatten(), grad_out.reshape(-1, weight.shape[1]).to(weight.dtype)
+        if ctx.padding_idx is not None:
+            keep = rows != ctx.padding_idx
+            rows, grad_rows = rows[keep], grad_rows[keep]
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        weight.grad.index_add_(0, rows, grad_rows)
+        return None, None, None
+
+
+def head_dtype(head: torch.nn.Module, x: Tensor) -> torch.dtype:
+    """The dtype `head(x)` computes in: float32 for a `Float32LMHead`, else autocast's, else the weight's."""
+    if isinstance(head, Float32LMHead):
+        return torch.float32
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else head.weight.dtype
+
+
+def head_logprobs(head: torch.nn.Module, x: Tensor, targets: Tensor, inv_temp: float) -> tuple[Tensor, Tensor] | None:
+    """(logp [K], entropy [K]) of `targets` [K] under softmax(head(x) * inv_temp) for x [K, H]; None where `head` is
+    not a plain bias-free `nn.Linear` (a PEFT-wrapped head, say): the caller runs the module."""
+    plain = isinstance(head, torch.nn.Linear) and head.bias is None
+    if not plain or type(head).forward not in (torch.nn.Linear.forward, Float32LMHead.forward):
+        return None
+    return HeadLogprobs.apply(x, head.weight, targets, inv_temp, head_dtype(head, x))
+
+
+def embed(embedding: torch.nn.Module, ids: Tensor) -> Tensor:
+    """`embedding(ids)`, through `EmbeddingIntoGrad` for a plain trainable `nn.Embedding`."""
+    plain = type(embedding) is torch.nn.Embedding and embedding.max_norm is None and not embedding.sparse
+    if not (plain and embedding.weight.requires_grad and torch.is_grad_enabled()) or embedding.scale_grad_by_freq:
+        return embedding(ids)
+    return EmbeddingIntoGrad.apply(ids, embedding.weight, embedding.padding_idx)
