@@ -3,16 +3,16 @@
 A small model's vocabulary-sized tensors are its largest: SmolLM2's head (tied to its embedding) is [49152, 576],
 and a micro-batch's logits [1156, 49152] are 113 MB in bfloat16. Through `nn.Linear`, `VocabLogprobs` and
 `nn.Embedding` each micro-batch allocates fresh ones: the weight's bfloat16 copy, the logits, their gradient, the
-weight's gradient in bfloat16 and again in float32, the embedding's dense zero gradient, and their sum. glibc maps
-each allocation that large afresh, so every one faults its pages in: a profiled RL update of the SmolLM2 example
-spent 1.4 s of 19 s in the fills and casts of [vocab, hidden] tensors alone, and the head's forward product took
-253 ms where 81 ms computes it into memory already touched.
+weight's gradient in bfloat16 and again in float32, and the embedding's dense zero gradient. glibc maps each
+allocation that large afresh, so every one faults its pages in: in a profiled update of the SmolLM2 example
+(4 micro-batches) the embedding's zero fills took 605 ms and the [vocab, hidden] casts 760 ms.
 
-`HeadLogprobs` computes the weight's cast and the logits into buffers kept from one call to the next (per thread),
-writes the logits' gradient over the logits (`vocab_backward` allows it), and adds the weight's gradient into
-`weight.grad` in place, as does `EmbeddingIntoGrad` for the lookup's rows. Neither hands the weight's gradient to autograd, so hooks on the weight (`register_hook`, DDP's, FSDP's) do not see it:
-the shared-prompt forward, their only caller, never runs under such wrappers (`supports_shared_prefix`).
-Results equal `head(x)` + `VocabLogprobs` and `embedding(ids)`, values and gradients (tested).
+`HeadLogprobs` computes the weight's cast and the logits into buffers kept from one call to the next (~290 MB for
+SmolLM2's micro-batches), writes the logits' gradient over the logits (`vocab_backward` allows it), and adds the
+weight's gradient into `weight.grad` in place, as `EmbeddingIntoGrad` does for the lookup's rows. Neither hands
+the weight's gradient to autograd, so hooks on the weight (`register_hook`, DDP's, FSDP's) do not see it: the
+shared-prompt forward, their only caller, never runs under such wrappers (`supports_shared_prefix`). Results
+equal `head(x)` + `VocabLogprobs` and `embedding(ids)`, values and gradients (tested).
 """
 
 from __future__ import annotations
@@ -32,21 +32,23 @@ class _Lease:
     """Held by the autograd context of a forward that uses the thread's buffers, until its backward ends."""
 
 
-class _Buffers(threading.local):
-    """One thread's buffers: logits (and, after backward, their gradient), the weight's cast, the weight's gradient
-    in the compute dtype. A forward whose graph is still pending holds the lease; a forward meanwhile gets fresh
-    tensors."""
+class _Buffers:
+    """The process's buffers: logits (and, after backward, their gradient), the weight's cast, the weight's gradient
+    in the compute dtype. One forward at a time uses them, from its forward to the end of its backward (it holds the
+    lease); a forward meanwhile, in any thread, gets fresh tensors."""
 
     def __init__(self) -> None:
         self.flat: dict[tuple[str, torch.dtype, torch.device], Tensor] = {}
         self.lease: weakref.ref[_Lease] | None = None
+        self._lock = threading.Lock()
 
     def take(self) -> _Lease | None:
-        if self.lease is not None and self.lease() is not None:
-            return None
-        lease = _Lease()
-        self.lease = weakref.ref(lease)
-        return lease
+        with self._lock:
+            if self.lease is not None and self.lease() is not None:
+                return None
+            lease = _Lease()
+            self.lease = weakref.ref(lease)
+            return lease
 
     def tensor(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
         """A [shape] view of this thread's buffer `name`, grown (never shrunk) to fit."""
