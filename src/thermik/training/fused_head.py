@@ -29,7 +29,7 @@ from thermik.training.vocab_logprobs import vocab_backward, vocab_forward
 
 
 class _Lease:
-    """Held by the autograd context of a forward that uses the thread's buffers, until its backward ends."""
+    """Held by the autograd context of the forward that uses the process's buffers, until its backward ends."""
 
 
 class _Buffers:
@@ -51,7 +51,7 @@ class _Buffers:
             return lease
 
     def tensor(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-        """A [shape] view of this thread's buffer `name`, grown (never shrunk) to fit."""
+        """A [shape] view of the buffer `name`, grown (never shrunk) to fit."""
         numel = 1
         for size in shape:
             numel *= size
