@@ -81,8 +81,13 @@ def logprobs_and_entropy(
     """(logp of `targets` [B, T], entropy [B, T]) under softmax(logits[:, :T] / temperature), in float32 (logits
     [B, L, V], L >= T, any float dtype). entropy_grad=False detaches the entropy: with no entropy bonus it is only a
     metric, and its gradient over the vocabulary would cost a real model's step time."""
-    logp, entropy = vocab_logprobs(logits, targets, temperature if temperature not in (0.0, 1.0) else 1.0)
+    logp, entropy = vocab_logprobs(logits, targets, effective_temperature(temperature))
     return logp, entropy if entropy_grad else entropy.detach()
+
+
+def effective_temperature(temperature: float) -> float:
+    """The temperature the logprobs are taken at: a greedy sampler's 0 counts as 1."""
+    return temperature if temperature not in (0.0, 1.0) else 1.0
 
 
 def token_logprobs(

@@ -17,6 +17,7 @@ equal `head(x)` + `VocabLogprobs` and `embedding(ids)`, values and gradients (te
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 
@@ -50,21 +51,18 @@ class _Buffers:
             self.lease = weakref.ref(lease)
             return lease
 
-    def tensor(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-        """A [shape] view of the buffer `name`, grown (never shrunk) to fit."""
-        numel = 1
-        for size in shape:
-            numel *= size
-        key = (name, dtype, device)
+    def tensor(
+        self, lease: _Lease | None, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> Tensor:
+        """A [shape] view of the buffer `name`, grown (never shrunk) to fit, for the lease's holder; a fresh tensor
+        without a lease."""
+        if lease is None:
+            return torch.empty(shape, dtype=dtype, device=device)
+        key, numel = (name, dtype, device), math.prod(shape)
         flat = self.flat.get(key)
         if flat is None or flat.numel() < numel:
             flat = self.flat[key] = torch.empty(numel, dtype=dtype, device=device)
         return flat[:numel].view(shape)
-
-    def weight_cast(self, weight: Tensor, dtype: torch.dtype) -> Tensor:
-        """`weight.to(dtype)` in the buffer. Cast at every forward: a fused optimizer step changes the weight without
-        bumping its version counter, so no cheap test tells an unchanged weight apart."""
-        return self.tensor("weight", tuple(weight.shape), dtype, weight.device).copy_(weight.detach())
 
 
 _buffers = _Buffers()
@@ -88,10 +86,9 @@ class HeadLogprobs(torch.autograd.Function):
         lease = _buffers.take()
         h = hidden.detach().to(dtype)
         shape = (1, h.shape[0], weight.shape[0])
-        if lease is None:
-            w, logits = weight.detach().to(dtype), torch.empty(shape, dtype=dtype, device=h.device)
-        else:
-            w, logits = _buffers.weight_cast(weight, dtype), _buffers.tensor("logits", shape, dtype, h.device)
+        # The weight is cast at every forward: a fused optimizer step changes it without bumping its version counter.
+        w = _buffers.tensor(lease, "weight", tuple(weight.shape), dtype, h.device).copy_(weight.detach())
+        logits = _buffers.tensor(lease, "logits", shape, dtype, h.device)
         with torch.autocast(h.device.type, enabled=False):
             torch.mm(h, w.T, out=logits[0])
         targets = targets.contiguous()[None]
@@ -113,11 +110,8 @@ class HeadLogprobs(torch.autograd.Function):
             grad_hidden = grad @ w if ctx.needs_input_grad[0] else None
             weight = ctx.weight
             if weight.requires_grad:
-                if ctx.lease is None:
-                    accumulate_grad(weight, grad.T @ h)
-                else:
-                    out = _buffers.tensor("weight_grad", tuple(weight.shape), h.dtype, h.device)
-                    accumulate_grad(weight, torch.mm(grad.T, h, out=out))
+                out = _buffers.tensor(ctx.lease, "weight_grad", tuple(weight.shape), h.dtype, h.device)
+                accumulate_grad(weight, torch.mm(grad.T, h, out=out))
         ctx.lease = None
         return grad_hidden, None, None, None, None
 

@@ -27,7 +27,7 @@ from torch.distributed.fsdp import FSDPModule
 from transformers import PreTrainedModel
 
 from thermik.models.architecture import apply_rope, rms_norm, unsupported_reason
-from thermik.training.batch import logprobs_and_entropy
+from thermik.training.batch import effective_temperature, logprobs_and_entropy
 from thermik.training.fused_head import embed, head_logprobs
 from thermik.training.lora import unwrapped
 
@@ -119,8 +119,7 @@ def _head_logprobs(
     """(logp [K], entropy [K]) of `targets` [K] after the final norm and the lm head on hidden [K, H]: fused
     (`fused_head.head_logprobs`) where the head allows it."""
     x = lm.model.norm(hidden)
-    inv_temp = 1.0 / temperature if temperature not in (0.0, 1.0) else 1.0
-    fused = head_logprobs(lm.lm_head, x, targets, inv_temp)
+    fused = head_logprobs(lm.lm_head, x, targets, 1.0 / effective_temperature(temperature))
     if fused is not None:
         return fused[0], fused[1] if entropy_grad else fused[1].detach()
     logp, entropy = logprobs_and_entropy(lm.lm_head(x)[None], targets[None], temperature, entropy_grad)
