@@ -95,6 +95,36 @@ def test_gradients_accumulate_and_weight_updates_are_seen() -> None:
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_untied_bfloat16_gradients_over_updates_in_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An untied embedding and a bfloat16 head: over two updates (`zero_grad(set_to_none=True)` between them) the
+    gradients equal the modules', with each weight's kept gradient tensor reused (no stale values carried over)
+    and the bfloat16 head gradient added into the float32 one in blocks (a block size that does not divide it)."""
+    monkeypatch.setattr(fused_head, "ADD_BLOCK", 1000)
+    grads: dict[bool, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for fused in (False, True):
+        embedding, head = tied()
+        head.weight = torch.nn.Parameter(embedding.weight.detach().flip(0).clone())
+        params = [embedding.weight, head.weight]
+        grads[fused], kept = [], []
+        for update in range(2):
+            for p in params:
+                p.grad = None
+            for seed in (1, 2):
+                ids, targets, mix = data(seed + update)
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss_of(fused, embedding, head, ids, targets, mix).backward()
+            grads[fused].append(tuple(p.grad.clone() for p in params))
+            kept.append([p.grad.data_ptr() for p in params])
+            with torch.no_grad():  # a step between updates
+                for p in params:
+                    p.sub_(0.5 * p.grad)
+        if fused:
+            assert kept[0] == kept[1]
+    for got, want in zip(grads[True], grads[False], strict=True):
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=2e-2, rtol=2e-2)
+
+
 def test_bfloat16_and_float32_heads_follow_the_module_precision() -> None:
     """Under autocast a plain head computes in bfloat16 and a `Float32LMHead` in float32, as the modules do."""
     embedding, head = tied()

@@ -1,6 +1,7 @@
 """Fused float32 / bfloat16 CPU kernels, compiled on first use: the embedded engine's decode step (kernels/decode.c),
-the vocabulary-sized logprob work shared by the trainer and the engine (kernels/vocab.c, `VocabKernels`) and the
-weight-checksum guard's hash (kernels/checksum.c, `ChecksumKernels`).
+the vocabulary-sized logprob work shared by the trainer and the engine (kernels/vocab.c, `VocabKernels`), the training
+forward's RMSNorm and RoPE (kernels/train.c, `TrainKernels`) and the weight-checksum guard's hash (kernels/checksum.c,
+`ChecksumKernels`).
 
 A decode step of a small model on CPU spends more time dispatching ~20 small PyTorch ops per layer than in
 its matrix products. `kernels/decode.c` does the elementwise work of a layer (RMSNorm, RoPE + KV-cache
@@ -252,6 +253,87 @@ class ChecksumKernels:
         return None if total < 0 else total - (1 << 32) if total >= 1 << 31 else total
 
 
+class TrainKernels:
+    """ctypes bindings of kernels/train.c, the training forward's fused elementwise ops (training/fused_ops.py):
+    RMSNorm (float32 rows in, float32 or bfloat16 out), RoPE and SwiGLU's gate, each with its backward. Tensors are contiguous
+    CPU tensors; rows split over torch's threads."""
+
+    def __init__(self, library: Path) -> None:
+        lib = ctypes.CDLL(str(library))
+        self.fns: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}
+        argtypes = {
+            "rms_norm_forward": [_P, _P, _I, _I, _F, _P, _P, _I],
+            "rms_norm_backward": [_P, _P, _P, _P, _I, _I, _P, _P, _P, _I],
+            "rope_forward": [_P, _I, _I, _I, _I, _P, _P, _P, _I],
+            "rope_backward": [_P, _I, _I, _I, _I, _P, _P, _P, _I],
+            "swiglu_forward": [_P, _P, _I, _P, _I],
+            "swiglu_backward": [_P, _P, _P, _I, _P, _P, _I],
+        }
+        for dtype, suffix in zip(DTYPES, ("f32", "bf16"), strict=True):
+            for name, args in argtypes.items():
+                self.fns[name, dtype] = fn = getattr(lib, f"thermik_{name}_{suffix}")
+                fn.argtypes, fn.restype = args, None
+
+    def rms_norm_forward(self, x: Tensor, weight: Tensor, eps: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(x * rstd * weight in `dtype`, rstd [rows] float32) for float32 x [..., dim]."""
+        dim = x.shape[-1]
+        rows = x.numel() // dim
+        out = torch.empty(x.shape, dtype=dtype)
+        rstd = torch.empty(rows, dtype=torch.float32)
+        self.fns["rms_norm_forward", dtype](
+            x.data_ptr(), weight.data_ptr(), rows, dim, eps, out.data_ptr(), rstd.data_ptr(), _threads(rows)
+        )
+        return out, rstd
+
+    def rms_norm_backward(
+        self, x: Tensor, weight: Tensor, rstd: Tensor, grad: Tensor, grad_weight: Tensor | None
+    ) -> Tensor:
+        """dL/dx (float32, x's shape) for output gradient `grad`; dL/dweight is added into `grad_weight` (float32
+        [dim]) unless it is None."""
+        dim = x.shape[-1]
+        rows = x.numel() // dim
+        threads = _threads(rows)
+        grad_x = torch.empty(x.shape, dtype=torch.float32)
+        partial = torch.empty(threads * dim, dtype=torch.float32)
+        self.fns["rms_norm_backward", grad.dtype](
+            x.data_ptr(), weight.data_ptr(), rstd.data_ptr(), grad.data_ptr(), rows, dim, grad_x.data_ptr(),
+            None if grad_weight is None else grad_weight.data_ptr(), partial.data_ptr(), threads,
+        )  # fmt: skip
+        return grad_x
+
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor, backward: bool = False) -> Tensor:
+        """Forward: x [B, T, heads, dim] rotated by the float32 tables [B, T, dim] into [B, heads, T, dim].
+        Backward: the gradient [B, heads, T, dim] of that output into the gradient [B, T, heads, dim] of x."""
+        if backward:
+            batch, heads, length, dim = x.shape
+            out = torch.empty(batch, length, heads, dim, dtype=x.dtype)
+        else:
+            batch, length, heads, dim = x.shape
+            out = torch.empty(batch, heads, length, dim, dtype=x.dtype)
+        self.fns["rope_backward" if backward else "rope_forward", x.dtype](
+            x.data_ptr(), batch, length, heads, dim, cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
+            _threads(batch * length),
+        )  # fmt: skip
+        return out
+
+    def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
+        """silu(gate) * up, elementwise (same shapes and dtype)."""
+        out = torch.empty_like(gate)
+        n = gate.numel()
+        self.fns["swiglu_forward", gate.dtype](gate.data_ptr(), up.data_ptr(), n, out.data_ptr(), _threads(n >> 12))
+        return out
+
+    def swiglu_backward(self, gate: Tensor, up: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+        """(dL/dgate, dL/dup) of silu(gate) * up for its gradient `grad`."""
+        grad_gate, grad_up = torch.empty_like(gate), torch.empty_like(up)
+        n = gate.numel()
+        self.fns["swiglu_backward", gate.dtype](
+            gate.data_ptr(), up.data_ptr(), grad.data_ptr(), n, grad_gate.data_ptr(), grad_up.data_ptr(),
+            _threads(n >> 12),
+        )  # fmt: skip
+        return grad_gate, grad_up
+
+
 def compiled(name: str) -> Path:
     """The shared library of kernels/`name`.c (with common.h), built on first use for this CPU and cached."""
     source = KERNELS / f"{name}.c"
@@ -304,6 +386,13 @@ def load_vocab() -> VocabKernels | None:
     """The vocabulary kernels, or None (warned once) where they cannot be built. Callers check `kernels_enabled()`
     per call (THERMIK_CPU_KERNELS=0 selects their PyTorch path)."""
     return _bind("vocab", VocabKernels)
+
+
+@cache
+def load_train() -> TrainKernels | None:
+    """The training forward's kernels, or None (warned once) where they cannot be built; callers check
+    `kernels_enabled()`."""
+    return _bind("train", TrainKernels)
 
 
 @cache

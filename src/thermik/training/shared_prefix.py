@@ -9,8 +9,8 @@ it returns equal `batch.token_logprobs` on every response position (to float rou
 gradients); prompt positions, which carry no loss, are 0.
 
 It calls the HF model's own submodules (projections, MLP, rotary embedding), so PEFT adapters on them apply, and
-runs its RMSNorms as one fused op on their weights (`models.architecture.rms_norm`); only the attention wiring is
-ours. Qwen2/Qwen3/Llama-shaped models only (the same family as the engine's
+runs its RMSNorms as one fused op on their weights, output in the products' dtype (`training/fused_norm.py`); only
+the attention wiring is ours. Qwen2/Qwen3/Llama-shaped models only (the same family as the engine's
 native forward); `token_logprobs_shared` falls back to the plain forward for anything else, and when no two rows
 of the micro-batch share a prompt.
 """
@@ -26,9 +26,10 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from transformers import PreTrainedModel
 
-from thermik.models.architecture import apply_rope, rms_norm, unsupported_reason
+from thermik.models.architecture import unsupported_reason
 from thermik.training.batch import effective_temperature, logprobs_and_entropy
 from thermik.training.fused_head import embed, head_logprobs
+from thermik.training.fused_ops import gated_mlp, rms_norm_to, rope_heads_first
 from thermik.training.lora import unwrapped
 
 
@@ -172,8 +173,8 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
     shape = (num_heads, num_kv, head_dim)
     for layer in inner.layers:
         attn = layer.self_attn
-        q_p, k_p, v_p = _qkv(attn, rms_norm(x_p, layer.input_layernorm).to(dtype), rope_p, shape, dtype)
-        q_r, k_r, v_r = _qkv(attn, rms_norm(x_r, layer.input_layernorm).to(dtype)[None], rope_r, shape, dtype)
+        q_p, k_p, v_p = _qkv(attn, rms_norm_to(x_p, layer.input_layernorm, dtype), rope_p, shape, dtype)
+        q_r, k_r, v_r = _qkv(attn, rms_norm_to(x_r, layer.input_layernorm, dtype)[None], rope_r, shape, dtype)
         a_p = _attend_prompts(q_p, k_p, v_p, causal)
         a_r = torch.cat([
             _attend(
@@ -186,8 +187,8 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
         ], dim=2)  # fmt: skip
         x_p = x_p + attn.o_proj(a_p.transpose(1, 2).flatten(2))
         x_r = x_r + attn.o_proj(a_r[0].transpose(0, 1).flatten(1))
-        x_p = x_p + layer.mlp(rms_norm(x_p, layer.post_attention_layernorm).to(dtype))
-        x_r = x_r + layer.mlp(rms_norm(x_r, layer.post_attention_layernorm).to(dtype))
+        x_p = x_p + gated_mlp(layer.mlp, rms_norm_to(x_p, layer.post_attention_layernorm, dtype))
+        x_r = x_r + gated_mlp(layer.mlp, rms_norm_to(x_r, layer.post_attention_layernorm, dtype))
     response_hidden = x_r.new_zeros(batch * span, x_r.shape[-1]).index_copy(0, real, x_r).view(batch, span, -1)
     return x_p, response_hidden, response_ids
 
@@ -248,5 +249,5 @@ def _qkv(
     v = attn.v_proj(h).view(n, t, num_kv, head_dim).transpose(1, 2)
     if getattr(attn, "q_norm", None) is not None:
         q, k = attn.q_norm(q), attn.k_norm(k)
-    cos, sin = (c[:, None] for c in rope)
-    return apply_rope(q.transpose(1, 2), cos, sin).to(dtype), apply_rope(k.transpose(1, 2), cos, sin).to(dtype), v
+    cos, sin = rope
+    return rope_heads_first(q, cos, sin, dtype), rope_heads_first(k, cos, sin, dtype), v
