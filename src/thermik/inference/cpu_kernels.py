@@ -255,8 +255,8 @@ class ChecksumKernels:
 
 class TrainKernels:
     """ctypes bindings of kernels/train.c, the training forward's fused elementwise ops (training/fused_ops.py):
-    RMSNorm (float32 rows in, float32 or bfloat16 out), RoPE and SwiGLU's gate, each with its backward. Tensors are contiguous
-    CPU tensors; rows split over torch's threads."""
+    RMSNorm (float32 rows in, float32 or bfloat16 out), RoPE and SwiGLU's gate, each with its backward. Tensors are
+    contiguous CPU tensors; rows split over torch's threads."""
 
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))

@@ -119,7 +119,7 @@ def _head_logprobs(
 ) -> tuple[Tensor, Tensor]:
     """(logp [K], entropy [K]) of `targets` [K] after the final norm and the lm head on hidden [K, H]: fused
     (`fused_head.head_logprobs`) where the head allows it."""
-    x = lm.model.norm(hidden)
+    x = rms_norm_to(hidden, lm.model.norm, hidden.dtype)
     fused = head_logprobs(lm.lm_head, x, targets, 1.0 / effective_temperature(temperature))
     if fused is not None:
         return fused[0], fused[1] if entropy_grad else fused[1].detach()
