@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from shared_prefix_vs_plain import grouped_batch
+from shared_prefix_vs_plain import add_batch_arguments, check_batch_arguments, grouped_batch
 from transformers import AutoModelForCausalLM
 
 from thermik.models.presets import PRESETS, init_model
@@ -45,18 +45,9 @@ def main() -> None:
     parser.add_argument("--model", help="a local HF model directory (default: a fresh --preset)")
     parser.add_argument("--preset", default="qwen2-5m", choices=sorted(PRESETS))
     parser.add_argument("--precision", default="bf16-mixed", choices=("bf16-mixed", "float32"))
-    parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=206)
-    parser.add_argument("--min-response", type=int, default=40)
-    parser.add_argument("--max-response", type=int, default=150)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=0)
+    add_batch_arguments(parser, prompts=2, prompt_tokens=206, responses=(40, 150), repeats=5)
     args = parser.parse_args()
-    if min(args.prompts, args.group, args.prompt_tokens, args.min_response, args.repeats) < 1:
-        parser.error("every count must be >= 1")
-    if args.max_response < args.min_response:
-        parser.error("--max-response must be >= --min-response")
+    check_batch_arguments(parser, args)
     if args.model is not None and not Path(args.model, "config.json").is_file():
         parser.error(f"--model {args.model}: no config.json there (give a local HF model directory)")
     with tempfile.TemporaryDirectory() as tmp:

@@ -25,6 +25,28 @@ from thermik.training.batch import TokenBatch
 from thermik.training.update import batch_logprobs, micro_batches
 
 
+def add_batch_arguments(
+    parser: argparse.ArgumentParser, prompts: int, prompt_tokens: int, responses: tuple[int, int], repeats: int
+) -> None:
+    """The shape of the grouped batch (`grouped_batch`), the repeats and the seed."""
+    parser.add_argument("--prompts", type=int, default=prompts)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=prompt_tokens)
+    parser.add_argument("--min-response", type=int, default=responses[0])
+    parser.add_argument("--max-response", type=int, default=responses[1])
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def check_batch_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, *counts: int) -> None:
+    """Exit with a usage error unless every count (the batch's and `counts`) is >= 1 and the response range is
+    ordered."""
+    if min(args.prompts, args.group, args.prompt_tokens, args.min_response, args.repeats, *counts) < 1:
+        parser.error("every count must be >= 1")
+    if args.max_response < args.min_response:
+        parser.error("--max-response must be >= --min-response")
+
+
 def grouped_batch(args: argparse.Namespace, vocab: int) -> TokenBatch:
     gen = torch.Generator().manual_seed(args.seed)
     rows, prompt_lens = [], []
@@ -56,19 +78,10 @@ def train_pass(model: torch.nn.Module, batch: TokenBatch, micro: int, shared: bo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="qwen2-1m", choices=sorted(PRESETS))
-    parser.add_argument("--prompts", type=int, default=12)
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=200)
-    parser.add_argument("--min-response", type=int, default=30)
-    parser.add_argument("--max-response", type=int, default=120)
+    add_batch_arguments(parser, prompts=12, prompt_tokens=200, responses=(30, 120), repeats=3)
     parser.add_argument("--micro", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if min(args.prompts, args.group, args.prompt_tokens, args.min_response, args.micro, args.repeats) < 1:
-        parser.error("every count must be >= 1")
-    if args.max_response < args.min_response:
-        parser.error("--max-response must be >= --min-response")
+    check_batch_arguments(parser, args, args.micro)
     with tempfile.TemporaryDirectory() as tmp:
         path = init_model(args.preset, Path(tmp) / args.preset, seed=args.seed)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).train()

@@ -66,9 +66,11 @@ DEFINE_RMS_NORM_BACKWARD(thermik_rms_norm_backward_bf16, bf16, bf16_load)
 
 /* Rotary position embedding (Su et al. 2021) in the HF "rotate half" layout: for i < dim/2 the pair (lo, hi) =
  * (x[i], x[i + dim/2]) becomes (lo cos[i] - hi sin[i], hi cos[i + dim/2] + lo sin[i + dim/2]), in float32, rounded
- * once. x [B, T, heads, dim] -> out [B, heads, T, dim]; cos/sin tables [B, T, dim] float32. */
-#define DEFINE_ROPE_FORWARD(NAME, T, LOAD, STORE)                                                              \
-    void NAME(const T *x, int64_t batch, int64_t length, int64_t heads, int64_t dim, const float *cos_tab,     \
+ * once; x [B, T, heads, dim] -> out [B, heads, T, dim], cos/sin tables [B, T, dim] float32. BACKWARD (a constant)
+ * applies the transpose instead, from the output's gradient [B, heads, T, dim] to x's [B, T, heads, dim]: (g_lo,
+ * g_hi) becomes (g_lo cos[i] + g_hi sin[i + dim/2], g_hi cos[i + dim/2] - g_lo sin[i]). */
+#define DEFINE_ROPE(NAME, T, LOAD, STORE, BACKWARD)                                                            \
+    void NAME(const T *in, int64_t batch, int64_t length, int64_t heads, int64_t dim, const float *cos_tab,    \
               const float *sin_tab, T *out, int64_t threads) {                                                 \
         int64_t half = dim / 2;                                                                                \
         _Pragma("omp parallel for num_threads(threads) schedule(static)")                                      \
@@ -76,43 +78,23 @@ DEFINE_RMS_NORM_BACKWARD(thermik_rms_norm_backward_bf16, bf16, bf16_load)
             int64_t b = bt / length, t = bt % length;                                                          \
             const float *c = cos_tab + bt * dim, *s = sin_tab + bt * dim;                                      \
             for (int64_t h = 0; h < heads; h++) {                                                              \
-                const T *src = x + (bt * heads + h) * dim;                                                     \
-                T *dst = out + ((b * heads + h) * length + t) * dim;                                           \
+                int64_t token_major = (bt * heads + h) * dim, head_major = ((b * heads + h) * length + t) * dim; \
+                const T *src = in + (BACKWARD ? head_major : token_major);                                     \
+                T *dst = out + (BACKWARD ? token_major : head_major);                                          \
                 for (int64_t i = 0; i < half; i++) {                                                           \
                     float lo = LOAD(src[i]), hi = LOAD(src[i + half]);                                         \
-                    dst[i] = STORE(lo * c[i] - hi * s[i]);                                                     \
-                    dst[i + half] = STORE(hi * c[i + half] + lo * s[i + half]);                                \
+                    float s_lo = BACKWARD ? -s[i + half] : s[i], s_hi = BACKWARD ? -s[i] : s[i + half];        \
+                    dst[i] = STORE(lo * c[i] - hi * s_lo);                                                     \
+                    dst[i + half] = STORE(hi * c[i + half] + lo * s_hi);                                       \
                 }                                                                                              \
             }                                                                                                  \
         }                                                                                                      \
     }
 
-/* The transpose of the rotation: grad [B, heads, T, dim] -> grad_x [B, T, heads, dim], (g_lo, g_hi) becoming
- * (g_lo cos[i] + g_hi sin[i + dim/2], g_hi cos[i + dim/2] - g_lo sin[i]). */
-#define DEFINE_ROPE_BACKWARD(NAME, T, LOAD, STORE)                                                             \
-    void NAME(const T *grad, int64_t batch, int64_t length, int64_t heads, int64_t dim, const float *cos_tab,  \
-              const float *sin_tab, T *grad_x, int64_t threads) {                                              \
-        int64_t half = dim / 2;                                                                                \
-        _Pragma("omp parallel for num_threads(threads) schedule(static)")                                      \
-        for (int64_t bt = 0; bt < batch * length; bt++) {                                                      \
-            int64_t b = bt / length, t = bt % length;                                                          \
-            const float *c = cos_tab + bt * dim, *s = sin_tab + bt * dim;                                      \
-            for (int64_t h = 0; h < heads; h++) {                                                              \
-                const T *src = grad + ((b * heads + h) * length + t) * dim;                                    \
-                T *dst = grad_x + (bt * heads + h) * dim;                                                      \
-                for (int64_t i = 0; i < half; i++) {                                                           \
-                    float lo = LOAD(src[i]), hi = LOAD(src[i + half]);                                         \
-                    dst[i] = STORE(lo * c[i] + hi * s[i + half]);                                              \
-                    dst[i + half] = STORE(hi * c[i + half] - lo * s[i]);                                       \
-                }                                                                                              \
-            }                                                                                                  \
-        }                                                                                                      \
-    }
-
-DEFINE_ROPE_FORWARD(thermik_rope_forward_f32, float, f32_load, f32_store)
-DEFINE_ROPE_FORWARD(thermik_rope_forward_bf16, bf16, bf16_load, bf16_store)
-DEFINE_ROPE_BACKWARD(thermik_rope_backward_f32, float, f32_load, f32_store)
-DEFINE_ROPE_BACKWARD(thermik_rope_backward_bf16, bf16, bf16_load, bf16_store)
+DEFINE_ROPE(thermik_rope_forward_f32, float, f32_load, f32_store, 0)
+DEFINE_ROPE(thermik_rope_forward_bf16, bf16, bf16_load, bf16_store, 0)
+DEFINE_ROPE(thermik_rope_backward_f32, float, f32_load, f32_store, 1)
+DEFINE_ROPE(thermik_rope_backward_bf16, bf16, bf16_load, bf16_store, 1)
 
 /* The logistic sigmoid through exp_nonpositive (common.h), which vectorizes: e^-|x| never overflows. */
 static inline float sigmoid(float x) {
