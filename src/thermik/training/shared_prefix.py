@@ -9,8 +9,8 @@ it returns equal `batch.token_logprobs` on every response position (to float rou
 gradients); prompt positions, which carry no loss, are 0.
 
 It calls the HF model's own submodules (projections, MLP, rotary embedding), so PEFT adapters on them apply, and
-runs its RMSNorms as one fused op on their weights, output in the products' dtype (`training/fused_norm.py`); only
-the attention wiring is ours. Qwen2/Qwen3/Llama-shaped models only (the same family as the engine's
+runs its RMSNorms, RoPE and the MLP's SwiGLU gate as fused ops (`training/fused_ops.py`); only the attention wiring
+is ours. Qwen2/Qwen3/Llama-shaped models only (the same family as the engine's
 native forward); `token_logprobs_shared` falls back to the plain forward for anything else, and when no two rows
 of the micro-batch share a prompt.
 """
