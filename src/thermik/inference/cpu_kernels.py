@@ -1,7 +1,7 @@
 """Fused float32 / bfloat16 CPU kernels, compiled on first use: the embedded engine's decode step (kernels/decode.c),
 the vocabulary-sized logprob work shared by the trainer and the engine (kernels/vocab.c, `VocabKernels`), the training
-forward's RMSNorm and RoPE (kernels/train.c, `TrainKernels`) and the weight-checksum guard's hash (kernels/checksum.c,
-`ChecksumKernels`).
+forward's RMSNorm, RoPE and SwiGLU gate (kernels/train.c, `TrainKernels`) and the weight-checksum guard's hash
+(kernels/checksum.c, `ChecksumKernels`).
 
 A decode step of a small model on CPU spends more time dispatching ~20 small PyTorch ops per layer than in
 its matrix products. `kernels/decode.c` does the elementwise work of a layer (RMSNorm, RoPE + KV-cache
@@ -317,10 +317,11 @@ class TrainKernels:
         return out
 
     def swiglu(self, gate: Tensor, up: Tensor) -> Tensor:
-        """silu(gate) * up, elementwise (same shapes and dtype)."""
+        """silu(gate) * up, elementwise (same shapes and dtype; threads split by rows of the last dimension)."""
         out = torch.empty_like(gate)
         n = gate.numel()
-        self.fns["swiglu_forward", gate.dtype](gate.data_ptr(), up.data_ptr(), n, out.data_ptr(), _threads(n >> 12))
+        threads = _threads(n // gate.shape[-1])
+        self.fns["swiglu_forward", gate.dtype](gate.data_ptr(), up.data_ptr(), n, out.data_ptr(), threads)
         return out
 
     def swiglu_backward(self, gate: Tensor, up: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
@@ -329,7 +330,7 @@ class TrainKernels:
         n = gate.numel()
         self.fns["swiglu_backward", gate.dtype](
             gate.data_ptr(), up.data_ptr(), grad.data_ptr(), n, grad_gate.data_ptr(), grad_up.data_ptr(),
-            _threads(n >> 12),
+            _threads(n // gate.shape[-1]),
         )  # fmt: skip
         return grad_gate, grad_up
 

@@ -4,11 +4,11 @@ The shared-prompt forward (training/shared_prefix.py) normalises the float32 res
 casts the result to bfloat16 for the projections, and rotates every layer's queries and keys. On CPU, PyTorch runs
 `rms_norm` as a composite of five elementwise passes forward and about ten backward, each with a fresh
 [tokens, hidden] temporary, then the cast; RoPE is a transpose, two products (in float32, the tables' dtype), a
-concatenation, a sum and a cast; the MLP's gate is a SiLU and a product, rounded to bfloat16 after each. `RMSNormCast`,
-`RopeCast` and `SwiGLU` do each in one pass forward and one backward, and keep for backward only what they read (the
-norm one float32 per row). Values equal the PyTorch ops' to float32
-rounding (one rounding to bfloat16 where the output is bfloat16), gradients too (tested). Elsewhere (not CPU,
-other dtypes, THERMIK_CPU_KERNELS=0, no C compiler) the PyTorch ops run.
+concatenation, a sum and a cast; the MLP's gate is a SiLU and a product, rounded to bfloat16 after each.
+`RMSNormCast`, `RopeCast` and `SwiGLU` do each in one pass forward and one backward, and keep for backward only what
+they read (the norm one float32 per row). Values equal the PyTorch ops' to float32 rounding (one rounding to bfloat16
+where the output is bfloat16), gradients too (tested). Elsewhere (not CPU, other dtypes, THERMIK_CPU_KERNELS=0, no C
+compiler) the PyTorch ops run.
 """
 
 from __future__ import annotations
