@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import threading
 
@@ -12,7 +14,7 @@ from test_embedded_engine import tiny_model
 
 from thermik.inference import cpu_kernels
 from thermik.inference.native_model import NativeCausalLM
-from thermik.inference.openmp import release_thread_pool
+from thermik.inference.openmp import release_thread_pool, to_thread_releasing
 from thermik.inference.sampling import process_logits
 
 kernels = cpu_kernels.load()
@@ -170,6 +172,37 @@ def test_release_thread_pool_ends_the_callers_openmp_workers() -> None:
     finally:
         torch.set_num_threads(threads)
     assert counts["released"] < counts["with pool"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc to count threads")
+def test_to_thread_releasing_leaves_no_openmp_workers_behind() -> None:
+    """Work run through `to_thread_releasing` (the policy update, weight updates) leaves its worker thread without
+    an OpenMP pool; the same work through plain `asyncio.to_thread` leaves one (what slowed the engine's decode
+    steps after the first update)."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: torch runs no OpenMP workers to release")
+    a = torch.randn(512, 512)
+    threads = torch.get_num_threads()
+
+    def product() -> torch.Tensor:
+        torch.set_num_threads(2)  # per thread: this worker's ops run on a pool of two
+        return a @ a
+
+    async def counts() -> tuple[int, int, int]:
+        asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(1))
+        await asyncio.to_thread(_threads)  # the executor's one worker exists from here on
+        idle = _threads()
+        out = await to_thread_releasing(product)
+        torch.testing.assert_close(out, a @ a)
+        released = _threads()
+        await asyncio.to_thread(product)
+        return idle, released, _threads()
+
+    try:
+        idle, released, kept = asyncio.run(counts())
+    finally:
+        torch.set_num_threads(threads)
+    assert released == idle < kept
 
 
 def test_plain_sampling_settings_skip_the_filters_and_still_validate() -> None:

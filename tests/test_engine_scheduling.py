@@ -11,7 +11,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedModel
 
 from tests.test_embedded_engine import EOS, PAD, PROMPTS, VOCAB, hf_greedy, make_engine, reference_logprobs, tiny_model
 from thermik.inference.base import Generation, SamplingParams
-from thermik.inference.embedded import EmbeddedEngine, embedded_engine
+from thermik.inference.embedded import MIN_SHARED_PREFIX, EmbeddedEngine, embedded_engine
 from thermik.inference.hf_engine import HFEngine
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0)
@@ -51,6 +51,26 @@ def test_group_of_identical_prompts_shares_one_prefill(qwen: PreTrainedModel) ->
         torch.testing.assert_close(
             torch.tensor(gen.logprobs), reference_logprobs(qwen, PROMPTS[0], gen, 1.0), atol=1e-4, rtol=0
         )
+
+
+def test_prompts_sharing_a_prefix_prefill_it_once(qwen: PreTrainedModel) -> None:
+    """A step's prompts under one system prompt, admitted together into an empty cache: the shared prefix is
+    forwarded once and copied; every row still generates and scores what it would alone."""
+    system = [(7 * i) % 200 + 20 for i in range(MIN_SHARED_PREFIX + 4)]
+    prompts = [system + tail for tail in ([5, 6, 7], [8, 9], [10, 11, 12, 13], [14])] + [[3, 4, 5]]
+    params = [SamplingParams(max_tokens=6, temperature=1.0, seed=s) for s in range(len(prompts))]
+    shared, separate = make_engine(qwen), make_engine(tiny_model("qwen2"), reuse_prefixes=False)
+    a = shared.generate_batch(prompts, params)
+    b = separate.generate_batch(prompts, params)
+    assert shared.num_prefill_tokens == len(system) + sum(len(p) - len(system) for p in prompts[:4]) + 3
+    assert separate.num_prefill_tokens == sum(map(len, prompts))
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    for prompt, gen in zip(prompts, a, strict=True):
+        assert_logprobs_exact(qwen, prompt, gen, 1.0)
+    # A prefix shorter than MIN_SHARED_PREFIX is not worth its own forward.
+    short = make_engine(qwen)
+    short.generate_batch([[*system[:8], 5, 6], [*system[:8], 9]], params[:2])
+    assert short.num_prefill_tokens == 10 + 9 and short.num_forwards == 1 + 5
 
 
 def test_session_reuse_prefills_only_new_tokens(qwen: PreTrainedModel) -> None:

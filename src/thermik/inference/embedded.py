@@ -46,13 +46,14 @@ from thermik.inference.base import (
 from thermik.inference.hf_engine import HFEngine
 from thermik.inference.kv_cache import default_budget_bytes
 from thermik.inference.native_model import NativeCausalLM
-from thermik.inference.openmp import release_thread_pool
+from thermik.inference.openmp import release_thread_pool, to_thread_releasing
 from thermik.inference.precision import apply_precision
 from thermik.inference.sampling import fused_sample, process_logits, sample, token_logprobs
 from thermik.inference.weights import check_state, copy_state, load_state
 from thermik.models.architecture import unsupported_reason
 
 Detokenize = Callable[[list[int]], str]
+MIN_SHARED_PREFIX = 16  # tokens: a shorter prefix shared by admitted prompts is not worth a forward of its own
 _LIVE_ENGINES: weakref.WeakSet[EmbeddedEngine] = weakref.WeakSet()
 
 
@@ -229,7 +230,7 @@ class EmbeddedEngine:
 
     async def update_weights(self, source: WeightSource) -> int:
         """Copy new weights in place between two decode steps. Returns the new version."""
-        return await asyncio.to_thread(self.update_weights_sync, source)
+        return await to_thread_releasing(self.update_weights_sync, source)
 
     def update_weights_sync(self, source: WeightSource) -> int:
         state = load_state(source)
@@ -479,12 +480,16 @@ class EmbeddedEngine:
             prefill.append((index, cached))
         if not prefill:
             return
-        logits = self._prefill(prefill)
+        logits = self._prefill(self._prefill_shared_prefix(prefill))
         rows = {index: logits[r] for r, (index, _) in enumerate(prefill)}
+        copies: dict[int, list[int]] = {}  # leader slot -> its followers' slots
         for index, leader in followers:
-            self._cache.copy_slot(leader, index, len(self._slots[leader].tokens))
-            self._slots[index].tokens = list(self._slots[leader].tokens)
+            copies.setdefault(leader, []).append(index)
             rows[index] = rows[leader]
+        for leader, indices in copies.items():
+            self._cache.copy_slot(leader, indices, len(self._slots[leader].tokens))
+            for index in indices:
+                self._slots[index].tokens = list(self._slots[leader].tokens)
         order = sorted(rows)
         self._sample_and_record(order, torch.stack([rows[i] for i in order]))
 
@@ -498,12 +503,36 @@ class EmbeddedEngine:
                 best, shared = i, n
         return best, min(shared, len(prompt) - 1)
 
+    def _prefill_shared_prefix(self, prefill: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Prompts admitted together that share a prefix none of them holds (a step's prompts under one system
+        prompt, after a weight update dropped the cached ones) forward it once, in the first of them, and copy it
+        to the others; returns `prefill` (slot, cached positions) with their cached positions moved past it.
+
+        The prefix is the one the rows share with the first prompt lacking at least MIN_SHARED_PREFIX of its
+        tokens; a row joins when that gains it as many. Copies are bit-exact, so results do not change."""
+        prompts = {i: self._slots[i].request.prompt_ids for i, _ in prefill}
+        first = next((prompts[i] for i, cached in prefill if len(prompts[i]) - 1 - cached >= MIN_SHARED_PREFIX), None)
+        if not self.reuse_prefixes or first is None:
+            return prefill
+        reach = {i: min(_common_prefix(first, prompts[i]), len(prompts[i]) - 1) for i, _ in prefill}
+        members = [i for i, cached in prefill if reach[i] - cached >= MIN_SHARED_PREFIX]
+        shared = min((reach[i] for i in members), default=0)
+        lacking = [(i, cached) for i, cached in prefill if i in members and cached < shared]
+        if len(lacking) < 2:
+            return prefill
+        anchor, cached = lacking[0]
+        self._prefill_forward([(anchor, cached, prompts[anchor][cached:shared])])
+        others = [i for i, _ in lacking[1:]]
+        self._cache.copy_slot(anchor, others, shared)
+        for i in others:
+            self._slots[i].tokens = prompts[i][:shared]
+        return [(i, max(cached, shared) if i in members else cached) for i, cached in prefill]
+
     def _prefill(self, prefill: list[tuple[int, int]]) -> torch.Tensor:
         """Forward the uncached prompt tokens of every admitted leader; logits at each prompt's end."""
         rows = [(i, cached, self._slots[i].request.prompt_ids[cached:]) for i, cached in prefill]
         logits = torch.cat([self._prefill_forward(group) for group in self._prefill_groups(rows)])
         self.num_batches += 1
-        self.num_prefill_tokens += sum(len(new) for _, _, new in rows)
         return logits
 
     def _prefill_groups(self, rows: list[tuple[int, int, list[int]]]) -> list[list[tuple[int, int, list[int]]]]:
@@ -533,6 +562,7 @@ class EmbeddedEngine:
         for index, _, new in rows:
             self._slots[index].tokens.extend(new)
         self.num_forwards += 1
+        self.num_prefill_tokens += sum(len(new) for _, _, new in rows)
         return logits
 
     def _decode_step(self) -> None:

@@ -18,6 +18,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource, check_request
+from thermik.inference.openmp import to_thread_releasing
 from thermik.inference.sampling import process_logits, sample, token_logprobs
 from thermik.inference.weights import check_state, copy_state, load_state
 
@@ -102,7 +103,7 @@ class HFEngine:
 
     async def update_weights(self, source: WeightSource) -> int:
         """Copy new weights in place (waits for the running batch to finish). Returns the new version."""
-        return await asyncio.to_thread(self.update_weights_sync, source)
+        return await to_thread_releasing(self.update_weights_sync, source)
 
     async def close(self) -> None:
         """Stop serving: the running batch ends with stop_reason "abort", queued requests get "abort" too."""

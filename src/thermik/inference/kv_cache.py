@@ -135,8 +135,13 @@ class SlotKVCache:
                 buffers[i] = new
                 del old  # the old buffer goes before the next one is allocated
 
-    def copy_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy the first `length` positions of slot `src` into slot `dst` (a shared prompt prefix)."""
+    def copy_slot(self, src: int, dst: int | Sequence[int], length: int) -> None:
+        """Copy the first `length` positions of slot `src` into slot `dst`, or into each slot of a list (a shared
+        prompt prefix; one indexed copy per buffer for the whole list)."""
+        if not isinstance(dst, int):
+            if not dst:
+                return
+            dst = dst[0] if len(dst) == 1 else torch.tensor(dst, device=self.keys[0].device)
         for buffers in (self.keys, self.values):
             for buf in buffers:
                 buf[dst, :, :length] = buf[src, :, :length]

@@ -7,7 +7,6 @@ update is the same code (runs/step.py).
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import time
 import warnings
@@ -19,6 +18,7 @@ import torch
 
 from thermik.algorithms.health import nonfinite_entries
 from thermik.config.schema import RunConfig
+from thermik.inference.openmp import to_thread_releasing
 from thermik.memory import release_freed_memory
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.training import reference
@@ -152,7 +152,7 @@ async def train_on_batch(
     # Policy (and critic) update on exactly the sampled token ids, in a thread: async rollouts and tool calls go on
     # meanwhile; then KL controller, health checks, reference refresh.
     t0 = time.perf_counter()
-    update_metrics = await asyncio.to_thread(_update, learner, batch, temperature, rollout_is_behaviour)
+    update_metrics = await to_thread_releasing(_update, learner, batch, temperature, rollout_is_behaviour)
     release_freed_memory()  # the update's activations, so the engine's next rollout can reuse the pages
     state_metrics = learner.algo.after_update({**adv_metrics, **update_metrics}, len(batch))
     reference.maybe_refresh(learner.ref, learner.policy, alg, step + 1)
