@@ -62,5 +62,7 @@ def _releasing(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
 
 
 async def to_thread_releasing(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """`asyncio.to_thread(fn, ...)` that frees the worker thread's OpenMP pool when fn returns (or raises)."""
+    """`asyncio.to_thread(fn, ...)` that frees the worker thread's OpenMP pool when fn returns (or raises), and the
+    caller's before it waits."""
+    release_thread_pool()
     return await asyncio.to_thread(_releasing, fn, *args, **kwargs)
