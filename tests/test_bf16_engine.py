@@ -110,6 +110,35 @@ def test_bf16_fused_decode_step_is_close_to_the_pytorch_path(arch: str) -> None:
     torch.testing.assert_close(logits[0], logits[1], atol=8 * U * scale, rtol=0)
 
 
+@needs_kernels
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+def test_bf16_prefill_through_the_kernels_matches_the_padded_forward(arch: str) -> None:
+    """A bfloat16 prefill runs its rows' real tokens flattened through the decode kernels: ragged rows, a second
+    chunk continuing each row's cached prefix from a different position, then a decode step. Logits agree with the
+    padded PyTorch forward (mask, no kernels) to a few bfloat16 roundings, and the padding is never computed: a
+    row's logits do not depend on what pads it."""
+    native = NativeCausalLM(bf16(tiny_model(arch)))
+    gen = torch.Generator().manual_seed(1)
+    slots, zeros = torch.tensor([6, 2, 0, 5]), torch.zeros(4, dtype=torch.long)
+    first, first_last = torch.randint(2, 300, (4, 11), generator=gen), torch.tensor([10, 3, 7, 0])
+    second, second_last = torch.randint(2, 300, (4, 6), generator=gen), torch.tensor([5, 0, 2, 4])
+    step = torch.randint(2, 300, (4, 1), generator=gen)
+    logits = []
+    for fused in (kernels, None):
+        native.kernels = fused
+        cache = native.new_cache(8, 32)
+        out = [native.forward(first, slots, zeros, first_last, cache)]
+        out.append(native.forward(second, slots, first_last + 1, second_last, cache))
+        out.append(native.forward(step, slots, first_last + second_last + 2, zeros, cache))
+        logits.append(torch.cat(out))
+    scale = float(logits[1].abs().max())
+    torch.testing.assert_close(logits[0], logits[1], atol=8 * U * scale, rtol=0)
+    native.kernels = kernels
+    repadded = torch.where(torch.arange(11) > first_last[:, None], 1, first)
+    again = native.forward(repadded, slots, zeros, first_last, native.new_cache(8, 32))
+    assert torch.equal(again, logits[0][:4])
+
+
 def test_bf16_engine_follows_weight_updates() -> None:
     """A float32 state dict pushed into a bfloat16 engine is cast, and the prepacked weights are refreshed."""
     other = tiny_model("qwen2", seed=1)

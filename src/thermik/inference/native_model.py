@@ -7,6 +7,9 @@ tensors, so a weight update copied into the model is seen here at once, with no 
 `SlotKVCache`: row r of the batch is cache slot `slots[r]`; its query tokens sit at positions `starts[r] + t`.
 On a float32 or bfloat16 CPU model a decode step (one token per row) runs the elementwise work of each layer in
 the fused C kernels of `cpu_kernels` (3 calls instead of ~15 ops); the matrix products stay in PyTorch either way.
+In bfloat16 a prefill takes the same kernels: its rows' real tokens are flattened into one list of (token, slot,
+position), each attending to its slot's positions up to its own, with no padding and no mask (1.3-1.6x faster than
+the padded forward on SmolLM2's prefill shapes, benchmarks/README.md).
 
 bfloat16 (docs/inference.md, "Precision"): weights, activations and the KV cache are bfloat16, as in transformers'
 bfloat16 forward; the projections run on weights prepacked for oneDNN (`_Projection`); norms, RoPE, attention
@@ -110,6 +113,22 @@ class _Layer:
         return self.qkv, self.o, self.gate_up, self.down
 
 
+def _slot_ids(slots: Tensor | slice) -> Tensor:
+    return torch.arange(slots.start or 0, slots.stop) if isinstance(slots, slice) else slots.to(torch.long)
+
+
+def _flatten(tokens: Tensor, slots: Tensor | slice, starts: Tensor, last: Tensor) -> tuple[Tensor, ...]:
+    """The real tokens of a padded prefill (row b: tokens[b, :last[b] + 1] from position starts[b] of slot slots[b])
+    as one list: (tokens [N], slots [N], positions [N], each row's last token's index [B])."""
+    batch = tokens.shape[0]
+    slot_ids = _slot_ids(slots)
+    lengths = last.to(torch.long) + 1
+    row = torch.repeat_interleave(torch.arange(batch), lengths)
+    ends = lengths.cumsum(0)
+    offset = torch.arange(len(row)) - (ends - lengths)[row]
+    return tokens[row, offset], slot_ids[row], starts[row] + offset, ends - 1
+
+
 def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, num_kv_heads: int) -> Tensor:
     """Attention of q [B, H, T, D] over k, v [B, KV, L, D] (grouped-query) with an additive mask [B, 1, T, L].
     A decode step (T = 1) folds each KV head's query group into one small matmul: no repeated keys/values and
@@ -193,6 +212,9 @@ class NativeCausalLM:
         batch, width = tokens.shape
         if width == 1 and self.kernels is not None:
             return self._decode(tokens[:, 0], slots, starts, cache)
+        if self.kernels is not None and self.dtype != torch.float32:  # the C attention: one row per token
+            flat_tokens, flat_slots, positions, ends = _flatten(tokens, slots, starts, last)
+            return self._decode(flat_tokens, flat_slots, positions, cache, at=ends)
         device = tokens.device
         positions = starts[:, None] + torch.arange(width, device=device)[None]  # [B, T]
         span = int(positions.max()) + 1
@@ -223,8 +245,13 @@ class NativeCausalLM:
         x = x[torch.arange(batch, device=device), last]
         return self.lm_head(rms_norm(x, self.final_norm)).float()
 
-    def _decode(self, tokens: Tensor, slots: Tensor | slice, positions: Tensor, cache: SlotKVCache) -> Tensor:
-        """`forward` for one token per row (tokens [B]) with the fused CPU kernels; returns logits [B, V]."""
+    def _decode(
+        self, tokens: Tensor, slots: Tensor | slice, positions: Tensor, cache: SlotKVCache, at: Tensor | None = None
+    ) -> Tensor:
+        """`forward` with the fused CPU kernels for tokens [N], token i at position positions[i] of slot slots[i]:
+        a decode step's rows, or a prefill's tokens flattened (every token's key and value is stored before any
+        row attends, so a token sees the earlier ones of its own prefill). Returns the logits [len(at), V] of the
+        tokens `at` (all when None)."""
         kernels = self.kernels
         assert kernels is not None
         batch = tokens.shape[0]
@@ -232,8 +259,7 @@ class NativeCausalLM:
         if span > self.max_positions:
             raise ValueError(f"position {span - 1} exceeds the model's max_position_embeddings {self.max_positions}")
         positions = positions.to(torch.long).contiguous()
-        slot_ids = torch.arange(slots.start or 0, slots.stop) if isinstance(slots, slice) else slots.to(torch.long)
-        slot_ids = slot_ids.contiguous()
+        slot_ids = _slot_ids(slots).contiguous()
         if span > cache.max_len or int(slot_ids.max()) >= cache.num_slots:  # the C kernel writes without bounds checks
             raise IndexError(f"decode at position {span - 1} / slot {int(slot_ids.max())} is outside the KV cache")
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
@@ -260,6 +286,7 @@ class NativeCausalLM:
             h = kernels.rms_norm(x, layer.post_norm.weight, layer.post_norm.variance_epsilon)
             gate, up = layer.gate_up.fused(h).chunk(2, dim=-1)
             x = layer.down.fused(F.silu(gate).mul_(up), residual=x)
+        x = x if at is None else x[at]
         h = kernels.rms_norm(x, self.final_norm.weight, self.final_norm.variance_epsilon)
         return self.lm_head.fused(h).float()
 
