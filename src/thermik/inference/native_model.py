@@ -31,21 +31,24 @@ from thermik.inference.kv_cache import SlotKVCache
 from thermik.models.architecture import apply_rope, rms_norm, unsupported_reason
 
 
-def _fuse_transposed(modules: list[torch.nn.Linear]) -> tuple[Tensor, Tensor | None]:
-    """(W^T, bias) of the modules' weights stacked on the output dim, stored [in, out] contiguous: `x @ W^T` is up
-    to 2x faster than `F.linear(x, W)` for decode-sized batches on CPU with several threads. The modules' weights
-    (and biases) become views of these tensors, so a weight update copied into the model lands here too."""
-    weight_t = torch.cat([m.weight.detach().t() for m in modules], dim=1).contiguous()
+def _fuse(modules: list[torch.nn.Linear], transposed: bool) -> tuple[Tensor, Tensor | None]:
+    """(W, bias) of the modules' weights stacked on the output dim; the modules' weights (and biases) become views of
+    these tensors, so a weight update copied into the model lands here too. `transposed`: W^T stored [in, out]
+    contiguous, where `x @ W^T` runs on it (up to 2x faster than `F.linear(x, W)` for decode-sized batches on CPU
+    with several threads); else W [out, in] as the modules hold it (prepacked projections: a weight update is then
+    a plain contiguous copy, and the prepacking reads it without a transpose)."""
+    weight = torch.cat([m.weight.detach() for m in modules], dim=0)
+    weight = weight.t().contiguous() if transposed else weight.contiguous()
     biases = [m.bias for m in modules]
     bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
     start = 0
     for m in modules:
         width = m.weight.shape[0]
-        m.weight.data = weight_t[:, start : start + width].t()
+        m.weight.data = weight[:, start : start + width].t() if transposed else weight[start : start + width]
         if bias is not None:
             m.bias.data = bias[start : start + width]
         start += width
-    return weight_t, bias
+    return weight, bias
 
 
 def can_prepack(dtype: torch.dtype, device: torch.device) -> bool:
@@ -61,20 +64,26 @@ def can_prepack(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 class _Projection:
-    """`x @ W^T (+ b)` over the fused, transposed weight of one or more HF linear modules (their parameters are views
-    of it). With `prepack` the weight is also kept in oneDNN's blocked layout: at decode shapes a bfloat16 product on
-    it is ~2x faster than `x @ W^T`, whose oneDNN call re-lays the weight out every time (benchmarks/README.md).
-    The prepacked copy is refreshed by `repack()` after the weights change."""
+    """`x @ W^T (+ b)` over the fused weight of one or more HF linear modules (their parameters are views of it).
+    With `prepack` the weight ([out, in]) is also kept in oneDNN's blocked layout: at decode shapes a bfloat16
+    product on it is ~2x faster than `x @ W^T`, whose oneDNN call re-lays the weight out every time
+    (benchmarks/README.md); the prepacked copy is refreshed by `repack()` after the weights change. Without, the
+    weight is stored transposed for BLAS (`_fuse`)."""
 
     def __init__(self, modules: list[torch.nn.Linear], prepack: bool) -> None:
-        self.weight_t, self.bias = _fuse_transposed(modules)
         self.prepack = prepack
+        self.weight, self.bias = _fuse(modules, transposed=not prepack)
         self.packed: Tensor | None = None
         self.repack()
 
+    @property
+    def weight_t(self) -> Tensor:
+        """W^T [in, out] (a view where the weight is kept [out, in])."""
+        return self.weight.t() if self.prepack else self.weight
+
     def repack(self) -> None:
         if self.prepack:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight_t.t().contiguous(), 1)
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1)
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.packed is not None:
@@ -178,7 +187,7 @@ class NativeCausalLM:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight_t.dtype
+        return self.lm_head.weight.dtype
 
     def refresh(self) -> None:
         """Re-derive what is computed from the weights (the prepacked copies) after they were changed in place."""
@@ -188,7 +197,7 @@ class NativeCausalLM:
         self.lm_head.repack()
 
     def new_cache(self, num_slots: int, max_len: int, budget_bytes: int | None = None) -> SlotKVCache:
-        weight = self.lm_head.weight_t
+        weight = self.lm_head.weight
         return SlotKVCache(
             self.num_layers,
             num_slots,
