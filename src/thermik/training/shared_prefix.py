@@ -32,6 +32,10 @@ from thermik.training.fused_head import embed, head_logprobs
 from thermik.training.fused_ops import gated_mlp, rms_norm_to, rope_heads_first
 from thermik.training.lora import unwrapped
 
+# The packed response rows are padded to a multiple of this: oneDNN's bfloat16 products on other row counts run up
+# to ~30% slower ([1739, 576] x [576, 1536]: 557 GFLOP/s against 811 at 1744 rows; benchmarks/README.md).
+ROW_MULTIPLE = 16
+
 
 @dataclass
 class PrefixPlan:
@@ -158,7 +162,10 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
     )
     x_p = x_p.view(*prompt_ids.shape, -1)
     rope_p = inner.rotary_emb(x_p, torch.arange(prompt_width)[None].expand(plan.num_groups, -1))
-    rope_r = inner.rotary_emb(x_r[None], (plan.row_prompt_lens[:, None] + offsets).flatten()[real][None])
+    pad = -len(real) % ROW_MULTIPLE  # zero rows after the packed tokens: they stay zero and are never attended to
+    x_r = F.pad(x_r, (0, 0, 0, pad))
+    positions_r = F.pad((plan.row_prompt_lens[:, None] + offsets).flatten()[real], (0, pad))
+    rope_r = inner.rotary_emb(x_r[None], positions_r[None])
 
     # Row i's response tokens are packed rows starts[i] .. starts[i] + lens[i]: they see its prompt, then causally.
     lens = response_lens.tolist()
@@ -184,13 +191,13 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
                 biases[p, n],
             )
             for s, n, g, p in zip(starts, lens, groups, prompt_lens, strict=True)
-        ], dim=2)  # fmt: skip
+        ] + [q_r.new_zeros(1, num_heads, pad, head_dim)], dim=2)  # fmt: skip
         x_p = x_p + attn.o_proj(a_p.transpose(1, 2).flatten(2))
         x_r = x_r + attn.o_proj(a_r[0].transpose(0, 1).flatten(1))
         x_p = x_p + gated_mlp(layer.mlp, rms_norm_to(x_p, layer.post_attention_layernorm, dtype))
         x_r = x_r + gated_mlp(layer.mlp, rms_norm_to(x_r, layer.post_attention_layernorm, dtype))
-    response_hidden = x_r.new_zeros(batch * span, x_r.shape[-1]).index_copy(0, real, x_r).view(batch, span, -1)
-    return x_p, response_hidden, response_ids
+    response_hidden = x_r.new_zeros(batch * span, x_r.shape[-1]).index_copy(0, real, x_r[: len(real)])
+    return x_p, response_hidden.view(batch, span, -1), response_ids
 
 
 def _attend_prompts(q: Tensor, k: Tensor, v: Tensor, causal: Tensor) -> Tensor:
