@@ -188,21 +188,23 @@ def test_to_thread_releasing_leaves_no_openmp_workers_behind() -> None:
         torch.set_num_threads(2)  # per thread: this worker's ops run on a pool of two
         return a @ a
 
-    async def counts() -> tuple[int, int, int]:
+    async def counts() -> tuple[torch.Tensor, int, int, int]:
         asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(1))
         await asyncio.to_thread(_threads)  # the executor's one worker exists from here on
+        release_thread_pool()  # this thread's own pool (earlier tests' ops) is not what is counted
         idle = _threads()
         out = await to_thread_releasing(product)
-        torch.testing.assert_close(out, a @ a)
         released = _threads()
         await asyncio.to_thread(product)
-        return idle, released, _threads()
+        return out, idle, released, _threads()
 
+    expected = a @ a
     try:
-        idle, released, kept = asyncio.run(counts())
+        out, idle, released, kept = asyncio.run(counts())
     finally:
         torch.set_num_threads(threads)
     assert released == idle < kept
+    torch.testing.assert_close(out, expected)
 
 
 def test_plain_sampling_settings_skip_the_filters_and_still_validate() -> None:
