@@ -212,3 +212,25 @@ def test_engine_step_sections_tool_times_every_section(tiny_model_dir, capsys: p
     # wave (a loaded machine), which adds steps but never removes one (the tool counts after the last step ends).
     steps = int(re.search(r"(\d+) decode steps", capsys.readouterr().out).group(1))
     assert 5 <= steps <= 4 * 5
+
+
+@pytest.fixture(scope="module")
+def prefill_bench():
+    from tests.conftest import load_benchmark
+
+    yield from load_benchmark("prefill_paths")
+
+
+@needs_kernels
+def test_prefill_benchmark_compares_both_paths_on_the_same_tokens(prefill_bench, capsys: pytest.CaptureFixture) -> None:
+    """benchmarks/prefill_paths.py on a tiny bfloat16 model: both paths time the same ragged prefill after a cached
+    prefix, agree to bfloat16 rounding, and the model keeps its kernels afterwards."""
+    native = NativeCausalLM(bf16(tiny_model("qwen2")))
+    kernels_before = native.kernels
+    prefill_bench.shape_row(native, (3, 9, 5), repeats=1, seed=0)
+    out = capsys.readouterr().out
+    assert "3 x 9" in out and "after 5" in out
+    kl = float(out.split("max KL")[1])
+    assert 0 <= kl < 1e-2
+    assert float(out.split("ratio")[1].split("x")[0]) > 0
+    assert native.kernels is kernels_before
