@@ -1,8 +1,9 @@
 """The embedded engine (the default backend): continuous batching over a slot KV cache, in this process.
 
 A scheduler thread owns the model. Each iteration it admits queued requests into cache slots, prefilling
-only what no slot holds yet: the n samples of a group share one prefill, and a session's next turn (or any
-prompt that extends a cached sequence) prefills only its new tokens. Then it runs one decode step for every
+only what no slot holds yet: the n samples of a group share one prefill, prompts admitted together forward the
+prefix they share once (one system prompt), and a session's next turn (or any prompt that extends a cached
+sequence) prefills only its new tokens. Then it runs one decode step for every
 running sequence. A finished sequence frees its slot for the next request at once (continuous batching).
 Weight updates take the model lock between two steps: running sequences continue on the new weights (their
 cached keys/values stay as the old weights made them, as in PipelineRL) and every token records the weight
@@ -515,7 +516,7 @@ class EmbeddedEngine:
         if not self.reuse_prefixes or first is None:
             return prefill
         reach = {i: min(_common_prefix(first, prompts[i]), len(prompts[i]) - 1) for i, _ in prefill}
-        members = [i for i, cached in prefill if reach[i] - cached >= MIN_SHARED_PREFIX]
+        members = {i for i, cached in prefill if reach[i] - cached >= MIN_SHARED_PREFIX}
         shared = min((reach[i] for i in members), default=0)
         lacking = [(i, cached) for i, cached in prefill if i in members and cached < shared]
         if len(lacking) < 2:

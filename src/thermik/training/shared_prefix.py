@@ -162,7 +162,7 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
     )
     x_p = x_p.view(*prompt_ids.shape, -1)
     rope_p = inner.rotary_emb(x_p, torch.arange(prompt_width)[None].expand(plan.num_groups, -1))
-    pad = -len(real) % ROW_MULTIPLE  # zero rows after the packed tokens: they stay zero and are never attended to
+    pad = -len(real) % ROW_MULTIPLE  # zero rows after the packed tokens: never attended to, no loss, no gradient
     x_r = F.pad(x_r, (0, 0, 0, pad))
     positions_r = F.pad((plan.row_prompt_lens[:, None] + offsets).flatten()[real], (0, pad))
     rope_r = inner.rotary_emb(x_r[None], positions_r[None])
