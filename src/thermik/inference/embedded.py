@@ -511,9 +511,11 @@ class EmbeddedEngine:
 
         The prefix is the one the rows share with the first prompt lacking at least MIN_SHARED_PREFIX of its
         tokens; a row joins when that gains it as many. Copies are bit-exact, so results do not change."""
+        if not self.reuse_prefixes:
+            return prefill
         prompts = {i: self._slots[i].request.prompt_ids for i, _ in prefill}
         first = next((prompts[i] for i, cached in prefill if len(prompts[i]) - 1 - cached >= MIN_SHARED_PREFIX), None)
-        if not self.reuse_prefixes or first is None:
+        if first is None:
             return prefill
         reach = {i: min(_common_prefix(first, prompts[i]), len(prompts[i]) - 1) for i, _ in prefill}
         members = {i for i, cached in prefill if reach[i] - cached >= MIN_SHARED_PREFIX}

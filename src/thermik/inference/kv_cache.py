@@ -141,7 +141,7 @@ class SlotKVCache:
         if not isinstance(dst, int):
             if not dst:
                 return
-            dst = dst[0] if len(dst) == 1 else torch.tensor(dst, device=self.keys[0].device)
+            dst = torch.tensor(dst, device=self.keys[0].device)
         for buffers in (self.keys, self.values):
             for buf in buffers:
                 buf[dst, :, :length] = buf[src, :, :length]

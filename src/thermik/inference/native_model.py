@@ -220,10 +220,10 @@ class NativeCausalLM:
         """
         batch, width = tokens.shape
         if width == 1 and self.kernels is not None:
-            return self._decode(tokens[:, 0], slots, starts, cache)
+            return self._forward_tokens(tokens[:, 0], slots, starts, cache)
         if self.kernels is not None and self.dtype != torch.float32:  # the C attention: one row per token
             flat_tokens, flat_slots, positions, ends = _flatten(tokens, slots, starts, last)
-            return self._decode(flat_tokens, flat_slots, positions, cache, at=ends)
+            return self._forward_tokens(flat_tokens, flat_slots, positions, cache, at=ends)
         device = tokens.device
         positions = starts[:, None] + torch.arange(width, device=device)[None]  # [B, T]
         span = int(positions.max()) + 1
@@ -254,7 +254,7 @@ class NativeCausalLM:
         x = x[torch.arange(batch, device=device), last]
         return self.lm_head(rms_norm(x, self.final_norm)).float()
 
-    def _decode(
+    def _forward_tokens(
         self, tokens: Tensor, slots: Tensor | slice, positions: Tensor, cache: SlotKVCache, at: Tensor | None = None
     ) -> Tensor:
         """`forward` with the fused CPU kernels for tokens [N], token i at position positions[i] of slot slots[i]:
