@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from thermik.inference.precision import NO_BF16_ENV
+from thermik.cpu.precision import NO_BF16_ENV
 
 TINY_PRESET = "qwen2-1m"
 

@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from thermik.config.schema import AlgorithmConfig, ModelConfig, OptimizerConfig, TrainerConfig
-from thermik.inference.precision import NO_BF16_ENV, cpu_bf16_flags
+from thermik.cpu.precision import NO_BF16_ENV, cpu_bf16_flags
 from thermik.models.presets import init_model
 from thermik.training.batch import TokenBatch
 from thermik.training.loss import LossSetup, micro_batch_loss, mini_batch_reduction

@@ -1,4 +1,4 @@
-"""The fused CPU decode kernels (inference/cpu_kernels.py) and the OpenMP pool hand-off (inference/openmp.py)."""
+"""The fused CPU decode kernels (cpu/kernels.py) and the OpenMP pool hand-off (cpu/openmp.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from test_embedded_engine import tiny_model
 
-from thermik.inference import cpu_kernels
+from thermik.cpu import kernels as cpu_kernels
+from thermik.cpu.openmp import release_thread_pool, to_thread_releasing
 from thermik.inference.native_model import NativeCausalLM
-from thermik.inference.openmp import release_thread_pool, to_thread_releasing
 from thermik.inference.sampling import process_logits
 
 kernels = cpu_kernels.load()

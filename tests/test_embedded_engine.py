@@ -18,7 +18,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from thermik.inference import cpu_kernels
+from thermik.cpu import kernels as cpu_kernels
 from thermik.inference.base import Generation, SamplingParams
 from thermik.inference.embedded import EmbeddedEngine
 from thermik.inference.sampling import fused_sample, process_logits, sample, token_logprobs

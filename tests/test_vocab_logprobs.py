@@ -1,6 +1,6 @@
 """training/vocab_logprobs: token logprobs, entropy and their gradients against PyTorch's log-softmax in float32.
 
-Both paths run: the C kernels (inference/kernels/vocab.c) and the PyTorch block path (THERMIK_CPU_KERNELS=0)."""
+Both paths run: the C kernels (cpu/csrc/vocab.c) and the PyTorch block path (THERMIK_CPU_KERNELS=0)."""
 
 from __future__ import annotations
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from thermik.cpu.openmp import release_thread_pool, to_thread_releasing
+from thermik.cpu.precision import apply_precision
 from thermik.inference.base import (
     Generation,
     SamplingParams,
@@ -47,8 +49,6 @@ from thermik.inference.base import (
 from thermik.inference.hf_engine import HFEngine
 from thermik.inference.kv_cache import default_budget_bytes
 from thermik.inference.native_model import NativeCausalLM
-from thermik.inference.openmp import release_thread_pool, to_thread_releasing
-from thermik.inference.precision import apply_precision
 from thermik.inference.sampling import fused_sample, process_logits, sample, token_logprobs
 from thermik.inference.weights import check_state, copy_state, load_state
 from thermik.models.architecture import unsupported_reason
@@ -655,7 +655,7 @@ class EmbeddedEngine:
 
 def embedded_engine(model: PreTrainedModel, precision: str = "model", **kwargs) -> EmbeddedEngine | HFEngine:
     """The embedded engine for `model`: native continuous batching when supported, else transformers (warned).
-    `precision` ("model", "float32", "bfloat16", "auto"; inference/precision.py) casts `model` in place first: the
+    `precision` ("model", "float32", "bfloat16", "auto"; cpu/precision.py) casts `model` in place first: the
     engine owns it."""
     apply_precision(model, precision)
     reason = unsupported_reason(model)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from thermik.cpu.openmp import to_thread_releasing
 from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource, check_request
-from thermik.inference.openmp import to_thread_releasing
 from thermik.inference.sampling import process_logits, sample, token_logprobs
 from thermik.inference.weights import check_state, copy_state, load_state
 

@@ -6,7 +6,7 @@ reading the weights of the HF model itself: the q/k/v and gate/up parameters are
 tensors, so a weight update copied into the model is seen here at once, with no re-fusing. Attention reads a
 `SlotKVCache`: row r of the batch is cache slot `slots[r]`; its query tokens sit at positions `starts[r] + t`.
 On a float32 or bfloat16 CPU model a decode step (one token per row) runs the elementwise work of each layer in
-the fused C kernels of `cpu_kernels` (3 calls instead of ~15 ops); the matrix products stay in PyTorch either way.
+the fused C kernels of `cpu/kernels.py` (3 calls instead of ~15 ops); the matrix products stay in PyTorch either way.
 In bfloat16 a prefill takes the same kernels: its rows' real tokens are flattened into one list of (token, slot,
 position), each attending to its slot's positions up to its own, with no padding and no mask (1.3-1.6x faster than
 the padded forward on SmolLM2's prefill shapes, benchmarks/README.md).
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from thermik.inference import cpu_kernels
+from thermik.cpu import kernels as cpu_kernels
 from thermik.inference.kv_cache import SlotKVCache
 from thermik.models.architecture import apply_rope, rms_norm, unsupported_reason
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from thermik.inference.cpu_kernels import MAX_SAMPLE_VOCAB, vocab_kernels_for
+from thermik.cpu.kernels import MAX_SAMPLE_VOCAB, vocab_kernels_for
 
 RowParam = float | int | torch.Tensor
 
@@ -194,7 +194,7 @@ def fused_sample(
     generator: torch.Generator | None = None,
     row_generators: Sequence[torch.Generator | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(token ids [B], their logprobs [B]) in one C pass per row (`inference/kernels/vocab.c`): `sample`'s two-level
+    """(token ids [B], their logprobs [B]) in one C pass per row (`cpu/csrc/vocab.c`): `sample`'s two-level
     inverse CDF and `token_logprobs`, with the same uniforms drawn the same way, read from the logits in place.
     For the plain setting only (one temperature > 0 for every row, no filter) on CPU; None otherwise, and the
     caller runs `process_logits`, `sample` and `token_logprobs`."""
@@ -214,7 +214,7 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: R
 
     Greedy rows (temperature 0) use temperature 1, so their logprobs are the model's own distribution. On CPU with one
     temperature for every row, the vocabulary kernel reads the logits in place (no float32 [B, V] copy; the same
-    float32 arithmetic, `inference/kernels/vocab.c`)."""
+    float32 arithmetic, `cpu/csrc/vocab.c`)."""
     batch = logits.shape[0]
     temp = _column(temperature, batch, torch.float32, logits.device)
     temp = torch.where(temp == 0, torch.ones_like(temp), temp)

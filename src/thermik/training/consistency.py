@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from thermik.config.schema import GuardsConfig
-from thermik.inference import cpu_kernels
+from thermik.cpu import kernels as cpu_kernels
 from thermik.inference.base import InferenceEngine, SamplingParams
 from thermik.training.batch import token_logprobs
 

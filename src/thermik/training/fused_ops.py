@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from thermik.inference.cpu_kernels import DTYPES, TrainKernels, kernels_enabled, load_train
+from thermik.cpu.kernels import DTYPES, TrainKernels, kernels_enabled, load_train
 from thermik.models.architecture import apply_rope
 
 try:

@@ -18,7 +18,7 @@ import torch
 
 from thermik.algorithms.health import nonfinite_entries
 from thermik.config.schema import RunConfig
-from thermik.inference.openmp import to_thread_releasing
+from thermik.cpu.openmp import to_thread_releasing
 from thermik.memory import release_freed_memory
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.training import reference

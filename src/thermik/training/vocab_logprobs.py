@@ -7,7 +7,7 @@ vocabulary-sized float32 work was ~31% of a bf16-mixed training step on the 2-co
 
 `VocabLogprobs` does the same arithmetic a row at a time and keeps only the logits (already alive in the graph, in
 their own dtype) and two float32 numbers per row (log-normaliser, entropy) for backward, where it recomputes the
-softmax. On CPU it runs the C kernels of `inference/kernels/vocab.c` (each row read twice forward, once backward,
+softmax. On CPU it runs the C kernels of `cpu/csrc/vocab.c` (each row read twice forward, once backward,
 while it sits in L2; rows split over torch's thread count); elsewhere, or with THERMIK_CPU_KERNELS=0 or no C
 compiler, the same arithmetic as PyTorch ops on blocks of ~4 MB. Results equal
 `log_softmax(logits.float() / T).gather(targets)` and `-(p * log p).sum()` to float32 rounding; gradients too,
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from thermik.inference.cpu_kernels import vocab_kernels_for
+from thermik.cpu.kernels import vocab_kernels_for
 
 BLOCK_BYTES = 4 << 20  # float32 bytes of one block of rows: inside a core's share of L3 with room to spare
 

@@ -30,7 +30,7 @@ from typing import ClassVar, TypeVar
 import torch
 from torch import Tensor
 
-KERNELS = Path(__file__).with_name("kernels")  # the C sources
+KERNELS = Path(__file__).with_name("csrc")  # the C sources
 MAX_HEAD_DIM = 1024  # rope_head's stack buffer in decode.c
 MAX_GROUP_DIM = 4096  # query heads per KV head * head_dim: the bfloat16 attention's stack buffer
 MAX_SAMPLE_VOCAB = 4096 * 256  # vocab.c's sampler keeps a row's 256-token block masses on the stack

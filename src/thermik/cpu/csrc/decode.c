@@ -4,7 +4,7 @@
  * decode step of a small model on CPU. The kernels are serial; the matrix products stay in PyTorch (BLAS,
  * oneDNN). Two element types: float32 (`thermik_*`) and bfloat16 (`thermik_*_bf16`, raw uint16 bit patterns,
  * every sum and product in float32, one rounding to bfloat16 where the value is stored). Built and loaded by
- * thermik/inference/cpu_kernels.py.
+ * thermik/cpu/kernels.py.
  */
 #include "common.h"
 
