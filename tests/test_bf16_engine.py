@@ -179,7 +179,7 @@ def test_precision_names() -> None:
     cpu = torch.device("cpu")
     assert precision.resolve_precision("model", torch.float32, cpu)[0] == torch.float32
     assert precision.resolve_precision("bfloat16", torch.float32, cpu)[0] == torch.bfloat16
-    with pytest.raises(ValueError, match="valid precisions: model, float32, bfloat16, auto"):
+    with pytest.raises(ValueError, match="valid precisions: model, float32, bfloat16, bf16-weights, int8, auto"):
         precision.resolve_precision("fp8", torch.float32, cpu)
 
 

@@ -67,9 +67,11 @@ class InferenceConfig(Section):
         256, ge=1, description="Most sequences decoded together in one batch (embedded; vllm's max_num_seqs)."
     )
     seed: int = Field(0, description="Base seed of the engine's sampler.")
-    precision: Literal["model", "float32", "bfloat16", "auto"] = Field(
+    precision: Literal["model", "float32", "bfloat16", "bf16-weights", "int8", "auto"] = Field(
         "auto", description="Embedded: dtype of the engine's copy of the weights and KV cache: 'model' (model.dtype), "
-        "'float32', 'bfloat16', or 'auto' (bfloat16 where the CPU reports AMX-BF16 or AVX512-BF16, else float32)."
+        "'float32', 'bfloat16', 'bf16-weights' / 'int8' (float32 activations, projection weights stored as bfloat16 "
+        "or weight-only int8: turn on TIS/MIS, docs/inference.md), or 'auto' (bfloat16 where the CPU reports "
+        "AMX-BF16 or AVX512-BF16, else float32 with the fastest of float32 and bfloat16-stored weights, timed)."
     )  # fmt: skip
     num_threads: int = Field(
         0, ge=0, description="Embedded: torch threads of the engine's decode thread; 0 inherits the process setting."

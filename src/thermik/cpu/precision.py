@@ -4,9 +4,15 @@
 
 - "model": whatever dtype the model was loaded in;
 - "float32" / "bfloat16": that dtype;
+- "bf16-weights" / "int8": a float32 model whose projections run on weights packed as bfloat16 (float32 arithmetic)
+  or as int8 (weight-only, per-group scales, integer products): cpu/gemm.py, docs/inference.md;
 - "auto" (the default): bfloat16 on a CPU that reports AMX-BF16 or AVX512-BF16 (its matrix products then run on oneDNN's
   bfloat16 kernels, ~4x float32's rate here: benchmarks/README.md), float32 elsewhere. On a CUDA device "auto"
   is bfloat16 when the GPU supports it.
+
+`projection_formats(name, dtype, device)` says which projection weight formats the engine chooses from (cpu/gemm.py
+times them when there are several): float32 "auto" on a CPU takes the fastest of PyTorch's BLAS, packed float32 and
+packed bfloat16 weights.
 
 THERMIK_CPU_NO_BF16=1 makes the CPU check answer "no bfloat16 support" (to try "auto" as a CPU without it runs).
 """
@@ -21,8 +27,9 @@ from typing import Literal
 
 import torch
 
-Precision = Literal["model", "float32", "bfloat16", "auto"]
-PRECISIONS: tuple[str, ...] = ("model", "float32", "bfloat16", "auto")
+Precision = Literal["model", "float32", "bfloat16", "bf16-weights", "int8", "auto"]
+PRECISIONS: tuple[str, ...] = ("model", "float32", "bfloat16", "bf16-weights", "int8", "auto")
+PACKED_PRECISIONS = {"bf16-weights": "bf16", "int8": "int8"}  # float32 models, projections on these packed weights
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 NO_BF16_ENV = "THERMIK_CPU_NO_BF16"
 
@@ -48,6 +55,8 @@ def resolve_precision(name: str, model_dtype: torch.dtype, device: torch.device)
         raise ValueError(f"unknown precision {name!r}; valid precisions: {', '.join(PRECISIONS)}")
     if name == "model":
         return model_dtype, "the model's own dtype (precision 'model')"
+    if name in PACKED_PRECISIONS:
+        return torch.float32, f"precision {name!r} was asked for (float32 activations, {name} projection weights)"
     if name != "auto":
         return getattr(torch, name), f"precision {name!r} was asked for"
     if device.type == "cuda":
@@ -60,6 +69,16 @@ def resolve_precision(name: str, model_dtype: torch.dtype, device: torch.device)
     if os.environ.get(NO_BF16_ENV, "0") not in ("", "0"):
         return torch.float32, f"{NO_BF16_ENV} simulates a CPU with neither {wanted}"
     return torch.float32, f"the CPU reports neither {wanted}"
+
+
+def projection_formats(name: str, dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
+    """The projection weight formats for precision `name` resolved to `dtype`: "blas" (PyTorch's product on the
+    model's own weights) or cpu/gemm.py's packed formats; several are timed and the fastest kept."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return ("blas",)
+    if name in PACKED_PRECISIONS:
+        return (PACKED_PRECISIONS[name],)
+    return {"auto": ("blas", "float32", "bf16"), "float32": ("blas", "float32")}.get(name, ("blas",))
 
 
 def apply_precision(model: torch.nn.Module, name: str) -> torch.nn.Module:

@@ -25,6 +25,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import math
+import sys
 import threading
 import time
 import warnings
@@ -35,8 +36,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from thermik.cpu.gemm import PROBE_ROWS
 from thermik.cpu.openmp import release_thread_pool, to_thread_releasing
-from thermik.cpu.precision import apply_precision
+from thermik.cpu.precision import apply_precision, projection_formats
 from thermik.inference.base import (
     Generation,
     SamplingParams,
@@ -126,15 +128,18 @@ class EmbeddedEngine:
         reuse_prefixes: bool = True,
         num_threads: int = 0,
         kv_cache_gb: float | None = None,
+        weight_formats: tuple[str, ...] = ("blas",),
     ) -> None:
         """`kv_cache_gb`: the KV cache's budget in GiB (2^30 bytes); None takes a quarter of the machine's RAM (on
-        CUDA, of the free GPU memory; `kv_cache.default_budget_bytes` says why), `math.inf` sets no budget."""
+        CUDA, of the free GPU memory; `kv_cache.default_budget_bytes` says why), `math.inf` sets no budget.
+        `weight_formats`: the projections' weight formats to choose from (`NativeCausalLM`; cpu/precision.py's
+        `projection_formats` for a precision name)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if kv_cache_gb is not None and not kv_cache_gb > 0:
             raise ValueError(f"kv_cache_gb must be > 0, got {kv_cache_gb}")
         self.model = model.eval()
-        self.native = NativeCausalLM(model)
+        self.native = NativeCausalLM(model, weight_formats)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.pad_token_id = int(pad_token_id)
         self.max_batch_size = max_batch_size
@@ -655,12 +660,23 @@ class EmbeddedEngine:
 
 def embedded_engine(model: PreTrainedModel, precision: str = "model", **kwargs) -> EmbeddedEngine | HFEngine:
     """The embedded engine for `model`: native continuous batching when supported, else transformers (warned).
-    `precision` ("model", "float32", "bfloat16", "auto"; cpu/precision.py) casts `model` in place first: the
-    engine owns it."""
+    `precision` ("model", "float32", "bfloat16", "bf16-weights", "int8", "auto"; cpu/precision.py) casts `model` in
+    place first: the engine owns it."""
     apply_precision(model, precision)
     reason = unsupported_reason(model)
+    param = next(model.parameters())
+    formats = projection_formats(precision, param.dtype, param.device)
     if reason is None:
-        return EmbeddedEngine(model, **kwargs)
+        engine = EmbeddedEngine(model, weight_formats=formats, **kwargs)
+        if formats != ("blas",):
+            times = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in engine.native.format_times.items())
+            chosen = f"thermik embedded engine: projection weights {engine.native.weight_format}"
+            print(chosen + (f" (timed at {PROBE_ROWS} rows: {times})" if times else ""), file=sys.stderr)
+        return engine
+    if formats != ("blas",) and len(formats) == 1:
+        raise ValueError(
+            f"precision {precision!r} needs the native engine, which does not support this model: {reason}"
+        )
     warnings.warn(
         f"embedded engine: {reason}; falling back to static batches on transformers (slower, no session reuse)",
         stacklevel=2,

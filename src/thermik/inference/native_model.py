@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from thermik.cpu import gemm
 from thermik.cpu import kernels as cpu_kernels
 from thermik.inference.kv_cache import SlotKVCache
 from thermik.models.architecture import apply_rope, rms_norm, unsupported_reason
@@ -67,32 +68,42 @@ class _Projection:
     """`x @ W^T (+ b)` over the fused weight of one or more HF linear modules (their parameters are views of it).
     With `prepack` the weight ([out, in]) is also kept in oneDNN's blocked layout: at decode shapes a bfloat16
     product on it is ~2x faster than `x @ W^T`, whose oneDNN call re-lays the weight out every time
-    (benchmarks/README.md); the prepacked copy is refreshed by `repack()` after the weights change. Without, the
-    weight is stored transposed for BLAS (`_fuse`)."""
+    (benchmarks/README.md). With a packed `fmt` ("float32", "bf16", "int8": cpu/gemm.py) a float32 weight is also
+    kept in that format's panels, products run on thermik's kernels. `repack()` refreshes either copy after the
+    weights change. Otherwise the weight is stored transposed for BLAS (`_fuse`)."""
 
-    def __init__(self, modules: list[torch.nn.Linear], prepack: bool) -> None:
+    def __init__(self, modules: list[torch.nn.Linear], prepack: bool, fmt: str = "blas") -> None:
         self.prepack = prepack
-        self.weight, self.bias = _fuse(modules, transposed=not prepack)
+        self.rows_kept = prepack or fmt != "blas"  # the weight stays [out, in]
+        self.weight, self.bias = _fuse(modules, transposed=not self.rows_kept)
         self.packed: Tensor | None = None
+        self.kernel = None if fmt == "blas" else gemm.Packed(self.weight, fmt)
         self.repack()
 
     @property
     def weight_t(self) -> Tensor:
         """W^T [in, out] (a view where the weight is kept [out, in])."""
-        return self.weight.t() if self.prepack else self.weight
+        return self.weight.t() if self.rows_kept else self.weight
 
     def repack(self) -> None:
-        if self.prepack:
+        if self.kernel is not None:
+            self.kernel.repack()
+        elif self.prepack:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1)
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self.kernel is not None:
+            return self.kernel(x, self.bias)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         out = x @ self.weight_t
         return out if self.bias is None else out + self.bias
 
     def fused(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
-        """`residual + x @ W^T (+ b)` for 2-D x, with one BLAS call (addmm) where possible (the decode step)."""
+        """`residual + x @ W^T (+ b)` for 2-D x, with one BLAS call (addmm) where possible (the decode step). The
+        packed and prepacked paths add into `residual` in place."""
+        if self.kernel is not None:
+            return self.kernel(x, self.bias) if residual is None else self.kernel(x, self.bias, out=residual)
         if self.packed is not None:
             out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
             return out if residual is None else residual.add_(out)
@@ -107,16 +118,16 @@ class _Projection:
 class _Layer:
     """Fused, transposed projections of one decoder layer (the HF parameters are views of them)."""
 
-    def __init__(self, layer: torch.nn.Module, prepack: bool) -> None:
+    def __init__(self, layer: torch.nn.Module, prepack: bool, fmt: str) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.in_norm = layer.input_layernorm
         self.post_norm = layer.post_attention_layernorm
-        self.qkv = _Projection([attn.q_proj, attn.k_proj, attn.v_proj], prepack)
-        self.o = _Projection([attn.o_proj], prepack)
+        self.qkv = _Projection([attn.q_proj, attn.k_proj, attn.v_proj], prepack, fmt)
+        self.o = _Projection([attn.o_proj], prepack, fmt)
         self.q_norm = getattr(attn, "q_norm", None)
         self.k_norm = getattr(attn, "k_norm", None)
-        self.gate_up = _Projection([mlp.gate_proj, mlp.up_proj], prepack)
-        self.down = _Projection([mlp.down_proj], prepack)
+        self.gate_up = _Projection([mlp.gate_proj, mlp.up_proj], prepack, fmt)
+        self.down = _Projection([mlp.down_proj], prepack, fmt)
 
     def projections(self) -> tuple[_Projection, ...]:
         return self.qkv, self.o, self.gate_up, self.down
@@ -157,7 +168,10 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, num_kv_heads: int)
 class NativeCausalLM:
     """Forward of a supported HF causal LM over a slot KV cache; see the module docstring."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, formats: tuple[str, ...] = ("blas",)) -> None:
+        """`formats`: the projection weight formats to choose from ("blas" or cpu/gemm.py's FORMATS; one is
+        taken as it is, several are timed on the model's first MLP weight and the fastest kept:
+        cpu/precision.py's `projection_formats`)."""
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the native forward does not support this model: {reason}")
@@ -173,8 +187,13 @@ class NativeCausalLM:
         self.final_norm = inner.norm
         dtype, device = self.embed.weight.dtype, self.embed.weight.device
         prepack = can_prepack(dtype, device)
-        self.layers = [_Layer(layer, prepack) for layer in inner.layers]
-        self.lm_head = _Projection([model.lm_head], prepack)  # tied: the embedding becomes a view too
+        linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        size = sum(w.numel() * w.element_size() for w in linears)
+        self.weight_format, self.format_times = gemm.choose(formats, inner.layers[0].mlp.down_proj.weight, size)
+        self.layers = [_Layer(layer, prepack, self.weight_format) for layer in inner.layers]
+        self.lm_head = _Projection(
+            [model.lm_head], prepack, self.weight_format
+        )  # tied: the embedding becomes a view too
         positions = torch.arange(self.max_positions, device=device)[None]
         # float32 tables for the C kernels; the PyTorch path uses them rounded to the model's dtype, as HF does
         cos, sin = inner.rotary_emb(torch.zeros(1, device=device), positions)
