@@ -569,24 +569,46 @@ class EvalRunConfig(RunConfig):
         return self
 
 
+Role = Literal["system", "user", "assistant", "tool"]
+
+
 class SFTConfig(Section):
-    """`thermik sft`: supervised fine-tuning on chat messages, loss on assistant turns only."""
+    """`thermik sft`: supervised fine-tuning on chat conversations (docs/sft.md)."""
 
     name: str = Field("sft", description="Run name; the run directory is <output_dir>/<name>.")
     output_dir: str = Field("runs", description="Parent of run directories.")
-    seed: int = Field(0, description="Global seed.")
+    seed: int = Field(0, description="Global seed (weights of new adapters, the order of the training rows).")
     model: ModelConfig = Field(default_factory=ModelConfig, description="Model to fine-tune.")
-    train_path: str = Field("", description="jsonl of {'messages': [...]} rows (from `thermik synthesize`).")
-    env: EnvConfig = Field(default_factory=EnvConfig, description="Environment used for the held-out stop check.")
+    train_path: str = Field(
+        "", description="jsonl of {'messages': [...]} rows (from `thermik synthesize`) and/or {'prompt', 'completion'} "
+        "rows (strings or message lists)."
+    )  # fmt: skip
+    train_roles: tuple[Role, ...] = Field(
+        ("assistant",), min_length=1,
+        description="Roles whose messages carry loss: 'assistant' trains every assistant turn (content and end of "
+        "turn); 'system', 'user', 'tool' add the content of those messages (their template tokens never train).",
+    )  # fmt: skip
+    env: EnvConfig = Field(default_factory=EnvConfig, description="Environment used for the held-out check.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Limits for the held-out check.")
     max_steps: int = Field(600, ge=1, description="Most optimizer steps.")
     batch_size: int = Field(32, ge=1, description="Conversations per optimizer step.")
     max_length: int = Field(512, ge=8, description="Conversations are truncated to this many tokens.")
+    packing: bool = Field(
+        True, description="Pack the conversations of a batch into shared rows, each attending only to itself (same "
+        "per-token loss as padding, less compute on mixed lengths; docs/sft.md)."
+    )  # fmt: skip
+    pack_length: int = Field(0, ge=0, description="Tokens per packed row; 0 uses max_length.")
     optimizer: OptimizerConfig = Field(
         default_factory=lambda: OptimizerConfig(lr=3e-3, warmup_steps=20), description="Optimizer."
     )
-    eval_every: int = Field(50, ge=0, description="Check held-out success every k steps; 0 disables early stop.")
+    lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters (the options of `thermik rl`).")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoints every k steps; a restarted run resumes from the "
+        "newest one (weights, optimizer, RNG, schedule and data position: the same run bit for bit)."
+    )  # fmt: skip
+    eval_every: int = Field(50, ge=0, description="Check held-out success every k steps; 0 disables the check.")
     eval_size: int = Field(64, ge=1, description="Held-out problems per check.")
+    eval_path: str = Field("", description="Held-out rows (jsonl or parquet); empty synthesizes env.name's eval split.")
     eval_temperature: float = Field(1.0, ge=0, description="Sampling temperature of the held-out check.")
     stop_at: float = Field(1.1, description="Stop once the held-out stop_metric reaches this; > 1 never stops.")
     stop_metric: Literal["success", "reward"] = Field("success", description="Held-out metric compared with stop_at.")

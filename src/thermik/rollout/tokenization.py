@@ -13,6 +13,7 @@ message, with the call format the configured tool parser reads, and a one-time `
 from __future__ import annotations
 
 import warnings
+from collections.abc import Collection
 from typing import Any
 
 from thermik.envs.base import Message
@@ -118,6 +119,10 @@ class ChatTokenizer:
 
     def encode_observations(self, observations: list[Message]) -> list[int]:
         """Ids the template inserts after an eos-terminated assistant turn, up to the next generation prompt."""
+        return self.encode(self.observation_text(observations))
+
+    def observation_text(self, observations: list[Message]) -> str:
+        """The text of `encode_observations`."""
         full = self._render(_BASE + list(observations), add_generation_prompt=True)
         pos = -len(self._eos_text)
         for _ in range(self._base_eos_count):
@@ -126,31 +131,51 @@ class ChatTokenizer:
                 break
         if pos < 0 or not full.startswith(self._head):
             raise ValueError("the chat template is not prefix-consistent: observations change earlier turns")
-        return self.encode(full[pos + len(self._eos_text) :])
+        return full[pos + len(self._eos_text) :]
 
     def encode_conversation(
-        self, messages: list[Message], tools: list[dict] | None = None
+        self, messages: list[Message], tools: list[dict] | None = None, roles: Collection[str] = ("assistant",)
     ) -> tuple[list[int], list[int]]:
         """(ids, loss_mask) of a solved conversation, built exactly as the agent loop builds a trajectory.
 
-        Assistant contents are the raw text the model emits; each is followed by eos (mask 1).
+        Assistant contents are the raw text the model emits; each is followed by eos. The mask is 1 on the
+        assistant tokens (content and eos) when "assistant" is in `roles`, and on the content tokens of every
+        other message whose role is in `roles` (their template tokens stay 0).
         """
         first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
         if first is None:
             raise ValueError("conversation has no assistant message to learn from")
-        ids = self.encode_prompt(messages[:first], tools)
-        mask = [0] * len(ids)
+        ids, mask = self._encode_marked(self.render(messages[:first], tools), messages[:first], roles)
         pending: list[Message] = []
         for m in messages[first:]:
             if m["role"] != "assistant":
                 pending.append(m)
                 continue
             if pending:
-                obs = self.encode_observations(pending)
+                obs, obs_mask = self._encode_marked(self.observation_text(pending), pending, roles)
                 ids += obs
-                mask += [0] * len(obs)
+                mask += obs_mask
                 pending = []
             sampled = [*self.encode(m["content"]), self.eos_id]
             ids += sampled
-            mask += [1] * len(sampled)
+            mask += [int("assistant" in roles)] * len(sampled)
         return ids, mask
+
+    def _encode_marked(self, text: str, messages: list[Message], roles: Collection[str]) -> tuple[list[int], list[int]]:
+        """(ids of `text`, 1 on the tokens inside the content of a message of `messages` whose role is in `roles`);
+        each content is found in the rendered text after the previous one."""
+        if not any(m["role"] in roles for m in messages):
+            ids = self.encode(text)
+            return ids, [0] * len(ids)
+        spans, cursor = [], 0
+        for m in messages:
+            content = m.get("content") or ""
+            at = text.find(content, cursor) if content else -1
+            if at < 0:
+                continue
+            cursor = at + len(content)
+            if m["role"] in roles:
+                spans.append((at, cursor))
+        enc = self.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+        mask = [int(any(start < e and end > s for s, e in spans)) for start, end in enc["offset_mapping"]]
+        return list(enc["input_ids"]), mask

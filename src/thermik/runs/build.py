@@ -66,7 +66,7 @@ def open_run(
     rl = isinstance(cfg, RunConfig)
     tool_format = cfg.env.tool_parser  # a template that ignores tools gets their schemas in this format
     if load_policy:
-        policy, chat = components.load_policy(cfg.model, cfg.lora if rl and lora else None, tool_format)
+        policy, chat = components.load_policy(cfg.model, cfg.lora if lora else None, tool_format)
     else:
         policy, chat = None, ChatTokenizer(load_tokenizer(cfg.model.path, cfg.model.chat_template), tool_format)
     logger = (

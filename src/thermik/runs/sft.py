@@ -1,26 +1,31 @@
 """`thermik sft`: supervised fine-tuning on chat conversations (training/sft.py) in the one outer loop.
 
-Optionally stops early once sampled held-out success reaches a threshold: when a tiny model learns to copy varies
-by seed, so a threshold is a sturdier recipe than a fixed step count (FIELD-NOTES).
+Checkpoints every `checkpoint.every` steps; a restarted run resumes from the newest one and continues bit for bit
+(the data position is in the checkpoint). Optionally stops early once sampled held-out success reaches a threshold:
+when a tiny model learns to copy varies by seed, so a threshold is a sturdier recipe than a fixed step count.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import random
 from typing import Any
 
+from thermik.atomic import publish_dir
 from thermik.config.schema import InferenceConfig, SamplingConfig, SFTConfig
+from thermik.data.dataset import load_rows
+from thermik.inference.base import InferenceEngine
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, write_records
-from thermik.runs.build import Run, open_run
+from thermik.runs.build import Run, open_run, resume_logger
 from thermik.runs.loop import LoopPlan, Mode, run_loop
 from thermik.tasks.registry import generate_rows
 from thermik.training import components
+from thermik.training.checkpoint import CheckpointManager
 from thermik.training.optim import build_optimizer
 from thermik.training.precision import autocast_dtype
-from thermik.training.sft import encode_all, load_conversations, save_model, sft_update
+from thermik.training.sft import restore_sft_checkpoint, save_sft_checkpoint, sft_update
+from thermik.training.sft_data import DataOrder, encode_all, load_conversations
 
 
 class SFTMode(Mode):
@@ -29,30 +34,56 @@ class SFTMode(Mode):
     def __init__(self, run: Run, cfg: SFTConfig) -> None:
         assert run.policy is not None
         self.run, self.cfg, self.model, self.chat = run, cfg, run.policy, run.chat
-        self.examples = encode_all(self.chat, load_conversations(cfg.train_path), cfg.max_length, cfg.env.render_tools)
+        rows = load_conversations(cfg.train_path)
+        self.examples = encode_all(self.chat, rows, cfg.max_length, cfg.env.render_tools, cfg.train_roles)
+        self.order = DataOrder(len(self.examples), cfg.seed)
+        self.pack_tokens = (cfg.pack_length or cfg.max_length) if cfg.packing else 0
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optimizer)
         self.autocast = autocast_dtype(cfg.model, self.model)
-        # The held-out check samples with the current weights, pushed into an engine of its own, in the trainer's
-        # precision: bfloat16 beside a bf16-mixed trainer, the model's dtype beside a plain one.
-        precision = "bfloat16" if self.autocast is not None else "model"
-        self.engine = components.build_engine(
-            self.model, self.chat, InferenceConfig(seed=cfg.seed, precision=precision)
-        )
+        self.checkpoints = CheckpointManager(cfg.run_dir / "checkpoints", keep=cfg.checkpoint.keep)
+        self.engine: InferenceEngine | None = None  # built by the first held-out check
         self.make_env = components.env_factory(cfg.env, run.pool)
-        self.held_out = generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval")
+        self.held_out = (
+            load_rows(cfg.eval_path)[: cfg.eval_size]
+            if cfg.eval_path
+            else generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval")
+        )
         self.limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
-        self.rng = random.Random(cfg.seed)
         self.result: dict[str, Any] = {"steps": 0, "success": None, "reward": None}
+        self._resume()
+
+    def _resume(self) -> None:
+        """Continue from the newest checkpoint (checkpoint.resume); a fresh start drops an earlier attempt's log."""
+        latest = self.checkpoints.latest() if self.cfg.checkpoint.resume else None
+        if latest is None:
+            self.run.logger.truncate_after(0)
+            return
+        extra = restore_sft_checkpoint(latest, self.model, self.optimizer, self.scheduler)
+        self.order.position = int(extra["data_position"])
+        self.result["steps"] = int(extra["step"])
+        resume_logger(self.run, int(extra["step"]), None)
 
     async def step(self, step: int) -> dict[str, float]:
-        batch = self.rng.sample(self.examples, min(self.cfg.batch_size, len(self.examples)))
+        batch = [self.examples[i] for i in self.order.next_batch(self.cfg.batch_size)]
         pad = self.chat.tokenizer.pad_token_id or 0
         self.result["steps"] = step + 1
         opt = self.cfg.optimizer
-        return sft_update(self.model, batch, pad, self.optimizer, self.scheduler, opt.max_grad_norm, self.autocast)
+        return sft_update(
+            self.model, batch, pad, self.optimizer, self.scheduler, opt.max_grad_norm, self.autocast, self.pack_tokens
+        )
+
+    def save(self, step: int) -> None:
+        save_sft_checkpoint(self.checkpoints, step, self.model, self.optimizer, self.scheduler, self.order.position)
 
     async def evaluate(self, label: str) -> EvalResult:
-        await self.engine.update_weights(self.model.state_dict())
+        if self.engine is None:
+            # The check samples with the current weights, pushed into an engine of its own, in the trainer's
+            # precision: bfloat16 beside a bf16-mixed trainer, the model's dtype beside a plain one.
+            precision = "bfloat16" if self.autocast is not None else "model"
+            self.engine = components.build_engine(
+                self.model, self.chat, InferenceConfig(seed=self.cfg.seed, precision=precision)
+            )
+        await self.engine.update_weights(components.engine_weights(self.model))
         sampling = SamplingConfig(temperature=self.cfg.eval_temperature)
         play = engine_player(self.engine, self.make_env, self.chat, self.limits, sampling)
         env = self.cfg.env
@@ -68,7 +99,8 @@ class SFTMode(Mode):
         return value is not None and value >= self.cfg.stop_at and step >= self.cfg.min_steps
 
     def export(self) -> None:
-        save_model(self.model, self.chat, self.cfg.run_dir / "model")
+        """run_dir/model, atomically (complete or absent): the merged model, with LoRA also its adapter/."""
+        publish_dir(self.cfg.run_dir / "model", lambda tmp: components.export_policy(self.model, self.chat, tmp))
 
 
 async def _sft(cfg: SFTConfig) -> dict[str, Any]:
@@ -79,14 +111,15 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
         steps=cfg.max_steps,
         eval_every=cfg.eval_every,
         eval_min_step=cfg.min_steps,
-        checkpoint=False,
+        checkpoint_every=cfg.checkpoint.every,
         show=(("loss", "sft/loss"), ("success", "eval/success")),
         progress=cfg.progress,
     )
     try:
         await run_loop(mode, run, plan)
     finally:
-        await mode.engine.close()
+        if mode.engine is not None:
+            await mode.engine.close()
         await run.close()
     (cfg.run_dir / "sft_result.json").write_text(json.dumps(mode.result))
     return mode.result

@@ -45,7 +45,7 @@ def _lora() -> Any:
     try:
         from thermik.training import lora
     except ImportError as e:
-        raise ImportError(f"lora.enabled needs peft: pip install 'thermik[lora]' ({e})") from e
+        raise ImportError(f'lora.enabled needs peft: pip install -e ".[lora]" ({e})') from e
     return lora
 
 

@@ -1,98 +1,105 @@
-"""Supervised fine-tuning on chat conversations, loss on assistant tokens only.
+"""Supervised fine-tuning: the loss on the trained tokens of a batch of conversations, one optimizer step, and the
+checkpoint of an SFT run (model, optimizer, RNG, scheduler and data position: a resumed run continues bit for bit).
 
-Conversations are tokenized by the same function the agent loop uses (ChatTokenizer), so SFT
-sequences are byte-identical to what the policy will see during RL. Optionally stops early once
-sampled held-out success reaches a threshold: when a tiny model learns to copy varies by seed,
-so a threshold is a sturdier recipe than a fixed step count (FIELD-NOTES).
+Conversations are tokenized by the function the agent loop uses (training/sft_data.py), so SFT sequences are
+byte-identical to what the policy will see during RL. With packing the conversations of a batch share rows, each
+attending only to itself (training/packing.py): the per-token loss equals the padded batch's to float rounding.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from thermik.atomic import publish_dir
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.training.batch import token_logprobs
+from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
+from thermik.training.packing import pack, packed_token_logprobs, unpack
 from thermik.training.precision import train_autocast
+from thermik.training.sft_data import Example
 
 
-def load_conversations(path: str) -> list[dict[str, Any]]:
-    if not path:
-        raise ValueError("train_path is empty: pass --train_path FILE.jsonl (e.g. from `thermik synthesize`)")
-    rows = []
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
-            if line.strip():
-                row = json.loads(line)
-                if "messages" not in row:
-                    raise ValueError(f"{path}:{i}: row has no 'messages' field")
-                rows.append(row)
-    return rows
-
-
-def encode_all(
-    chat: ChatTokenizer, rows: list[dict[str, Any]], max_length: int, render_tools: bool = True
-) -> list[tuple[list[int], list[int]]]:
-    """Tokenize as the agent loop will: tools rendered exactly when env.render_tools is on."""
-    out = []
-    for row in rows:
-        ids, mask = chat.encode_conversation(row["messages"], row.get("tools") if render_tools else None)
-        out.append((ids[:max_length], mask[:max_length]))
-    return out
+def sft_token_logprobs(
+    model: torch.nn.Module, examples: list[Example], pad_id: int, pack_tokens: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp [B, W-1] of each next token, loss mask [B, W-1]) of the examples as a right-padded batch of width W;
+    pack_tokens > 0 computes them on packed rows of that many tokens (the longest example at least)."""
+    width = max(len(ids) for ids, _ in examples)
+    mask = torch.zeros((len(examples), width - 1))
+    for i, (ids, m) in enumerate(examples):
+        mask[i, : len(ids) - 1] = torch.tensor(m[1:], dtype=torch.float32)
+    if pack_tokens:
+        packed = pack([ids for ids, _ in examples], pack_tokens, pad_id)
+        logp, _ = packed_token_logprobs(model, packed, entropy_grad=False)
+        return unpack(logp, packed, width), mask
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    for i, (ids, _) in enumerate(examples):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        attention[i, : len(ids)] = 1
+    logp, _ = token_logprobs(model, input_ids, attention, entropy_grad=False)
+    return logp, mask
 
 
 def sft_loss(
     model: torch.nn.Module,
-    examples: list[tuple[list[int], list[int]]],
+    examples: list[Example],
     pad_id: int,
     autocast: torch.dtype | None = None,
+    pack_tokens: int = 0,
 ) -> torch.Tensor:
-    """Mean negative log-likelihood over assistant tokens of the batch (autocast: training/precision.py; the
+    """Mean negative log-likelihood over the trained tokens of the batch (autocast: training/precision.py; the
     logprobs are float32 either way)."""
-    width = max(len(ids) for ids, _ in examples)
-    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    mask = torch.zeros((len(examples), width - 1))
-    for i, (ids, m) in enumerate(examples):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        attention[i, : len(ids)] = 1
-        mask[i, : len(ids) - 1] = torch.tensor(m[1:], dtype=torch.float32)
     with train_autocast(model, autocast):
-        logp, _ = token_logprobs(model, input_ids, attention)
+        logp, mask = sft_token_logprobs(model, examples, pad_id, pack_tokens)
     return -(logp * mask).sum() / mask.sum().clamp(min=1)
 
 
 def sft_update(
     model: torch.nn.Module,
-    batch: list,
+    batch: list[Example],
     pad: int,
-    optimizer,
-    scheduler,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
     max_grad_norm: float,
     autocast: torch.dtype | None = None,
-) -> dict:
+    pack_tokens: int = 0,
+) -> dict[str, float]:
     """One optimizer step on a batch of encoded conversations."""
     t0 = time.perf_counter()
     model.train()
-    loss = sft_loss(model, batch, pad, autocast)
+    loss = sft_loss(model, batch, pad, autocast, pack_tokens)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
     scheduler.step()
     return {"sft/loss": float(loss.detach()), "sft/grad_norm": float(grad_norm), "time/step": time.perf_counter() - t0}
 
 
-def save_model(model: torch.nn.Module, chat: ChatTokenizer, out: Path) -> None:
-    """Atomic: a model directory is complete or absent."""
+def save_sft_checkpoint(
+    checkpoints: CheckpointManager,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    data_position: int,
+) -> Path:
+    """checkpoints/step_<step>: weights (the adapter with LoRA), optimizer, RNG, scheduler, data position."""
+    extra = {"step": step, "scheduler": scheduler.state_dict(), "data_position": data_position}
+    return checkpoints.save(step, lambda d: save_training_state(d, model, optimizer, step, extra=extra))
 
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True)
-        chat.tokenizer.save_pretrained(tmp)
 
-    publish_dir(out, write)
+def restore_sft_checkpoint(
+    directory: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> dict[str, Any]:
+    """Load a checkpoint of `save_sft_checkpoint` in place; returns {"step", "data_position", ...}."""
+    extra = load_training_state(directory, model, optimizer)
+    scheduler.load_state_dict(extra["scheduler"])
+    return extra

@@ -1,0 +1,90 @@
+"""Sequence packing: several sequences share one row, each attending only to itself.
+
+Rows are filled first-fit by decreasing length (`pack`). Inside a row every sequence restarts its position ids at 0
+and the attention mask is block-diagonal and causal (`block_causal_bias`), so each sequence's logits equal what
+the model computes on it alone, up to float rounding; the padding a batch of mixed lengths would need is gone
+(benchmarks/packing.py). The mask is an explicit additive [R, 1, L, L] tensor, which the transformers models
+take as is (eager and SDPA attention, CPU and GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from thermik.training.batch import logprobs_and_entropy
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    input_ids: torch.Tensor  # [R, L] the sequences laid end to end, right-padded
+    position_ids: torch.Tensor  # [R, L] 0.. within each sequence (padding continues its own count)
+    segments: torch.Tensor  # [R, L] which sequence of the row each token belongs to (padding: its own segment)
+    places: tuple[tuple[int, int, int], ...]  # per input sequence, in input order: (row, start, length)
+
+    @property
+    def rows(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def pack(seqs: list[list[int]], max_tokens: int, pad_id: int) -> PackedBatch:
+    """Pack `seqs` into rows of at most max(max_tokens, longest sequence) tokens, first-fit by decreasing length.
+    The row width is the longest filled row, not max_tokens."""
+    if not seqs or any(len(s) == 0 for s in seqs):
+        raise ValueError("pack: every sequence needs at least one token")
+    capacity = max(max_tokens, max(len(s) for s in seqs))
+    fill: list[int] = []  # tokens used per row
+    places: list[tuple[int, int, int]] = [(0, 0, 0)] * len(seqs)
+    for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i])):
+        n = len(seqs[i])
+        row = next((r for r, used in enumerate(fill) if used + n <= capacity), len(fill))
+        if row == len(fill):
+            fill.append(0)
+        places[i] = (row, fill[row], n)
+        fill[row] += n
+    width = max(fill)
+    input_ids = torch.full((len(fill), width), pad_id, dtype=torch.long)
+    positions = torch.arange(width).repeat(len(fill), 1)
+    segments = torch.zeros((len(fill), width), dtype=torch.long)
+    for i, (row, start, n) in enumerate(places):
+        input_ids[row, start : start + n] = torch.tensor(seqs[i])
+        positions[row, start : start + n] = torch.arange(n)
+        segments[row, start : start + n] = i + 1
+    for row, used in enumerate(fill):  # the tail of a row: one segment of its own, positions counting on from 0
+        positions[row, used:] = torch.arange(width - used)
+        segments[row, used:] = -(row + 1)
+    return PackedBatch(input_ids, positions, segments, tuple(places))
+
+
+def block_causal_bias(segments: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive attention mask [R, 1, L, L]: 0 where query i may see key j (same segment, j <= i), else the dtype's
+    most negative value (not -inf: a row of it would give NaN)."""
+    same = segments[:, :, None] == segments[:, None, :]
+    causal = torch.ones(segments.shape[1], segments.shape[1], dtype=torch.bool).tril()
+    bias = torch.zeros(same.shape, dtype=dtype)
+    bias.masked_fill_(~(same & causal), torch.finfo(dtype).min)
+    return bias[:, None]
+
+
+def packed_token_logprobs(
+    model: torch.nn.Module, packed: PackedBatch, temperature: float = 1.0, entropy_grad: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp, entropy) [R, L-1] of each next token of the packed rows; a position whose next token starts another
+    sequence holds a value that belongs to no sequence (`unpack` drops it)."""
+    dtype = next(model.parameters()).dtype
+    mask = block_causal_bias(packed.segments, dtype if dtype.is_floating_point else torch.float32)
+    device = packed.input_ids.device
+    logits = model(
+        input_ids=packed.input_ids, attention_mask=mask.to(device), position_ids=packed.position_ids, use_cache=False
+    ).logits
+    return logprobs_and_entropy(logits, packed.input_ids[:, 1:], temperature, entropy_grad)
+
+
+def unpack(values: torch.Tensor, packed: PackedBatch, width: int) -> torch.Tensor:
+    """Per-token values [R, L-1] of packed rows -> [B, width - 1] aligned like an unpacked right-padded batch
+    (position t: the value of sequence token t + 1; zeros after each sequence's end)."""
+    out = values.new_zeros((len(packed.places), width - 1))
+    for i, (row, start, n) in enumerate(packed.places):
+        out[i, : n - 1] = values[row, start : start + n - 1]
+    return out

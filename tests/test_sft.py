@@ -1,0 +1,177 @@
+"""SFT: packing equals padding per token, the row formats, the roles that train, the data order, LoRA."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import cli_env
+
+from thermik.config.schema import LoRAConfig, OptimizerConfig
+from thermik.models.loading import load_model, load_tokenizer
+from thermik.rollout.tokenization import ChatTokenizer
+from thermik.training.optim import build_optimizer
+from thermik.training.packing import block_causal_bias, pack
+from thermik.training.sft import sft_loss, sft_token_logprobs, sft_update
+from thermik.training.sft_data import DataOrder, as_conversation, encode_all, load_conversations
+
+
+def _examples(n: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """Mixed lengths 3..80, loss on the second half of each."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 81, (n,), generator=g).tolist()
+    out = []
+    for length in lengths:
+        ids = torch.randint(1, 200, (length,), generator=g).tolist()
+        out.append((ids, [0] * (length // 2) + [1] * (length - length // 2)))
+    return out
+
+
+def test_pack_places_every_sequence_once_within_capacity():
+    seqs = [[1] * n for n in (5, 9, 3, 7, 2, 9)]
+    packed = pack(seqs, 12, pad_id=0)
+    assert packed.rows == 3  # first-fit decreasing: (9, 3), (9, 2), (7, 5)
+    for i, (row, start, n) in enumerate(packed.places):
+        assert n == len(seqs[i])
+        assert packed.position_ids[row, start : start + n].tolist() == list(range(n))
+        assert (packed.segments[row, start : start + n] == i + 1).all()
+    used = sorted((row, start, start + n) for row, start, n in packed.places)
+    for (r1, _, e1), (r2, s2, _) in itertools.pairwise(used):
+        assert r1 != r2 or e1 <= s2, "sequences overlap"
+
+
+def test_block_causal_bias_is_causal_within_a_segment_only():
+    segments = torch.tensor([[1, 1, 2, 2, 2, -1]])
+    allowed = block_causal_bias(segments, torch.float32)[0, 0] == 0
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [0, 0, 1, 0, 0, 0],
+            [0, 0, 1, 1, 0, 0],
+            [0, 0, 1, 1, 1, 0],
+            [0, 0, 0, 0, 0, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(allowed, expected)
+
+
+def test_packed_per_token_loss_and_gradients_equal_the_padded_batch(tiny_model_dir):
+    model = load_model(tiny_model_dir)
+    examples = _examples(12)
+    padded_logp, mask = sft_token_logprobs(model, examples, pad_id=0)
+    packed_logp, packed_mask = sft_token_logprobs(model, examples, pad_id=0, pack_tokens=96)
+    assert torch.equal(mask, packed_mask)
+    on = mask.bool()
+    torch.testing.assert_close(packed_logp[on], padded_logp[on], rtol=0, atol=1e-5)
+    grads = []
+    for pack_tokens in (0, 96):
+        model.zero_grad(set_to_none=True)
+        sft_loss(model, examples, 0, pack_tokens=pack_tokens).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+
+
+def test_prompt_completion_rows_train_the_completion_only(tiny_model_dir, tmp_path):
+    chat = ChatTokenizer(load_tokenizer(tiny_model_dir))
+    rows = [
+        {"prompt": "reverse abc", "completion": "cba"},
+        {"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], "completion": "ok"},
+        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]},
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    convs = load_conversations(str(path))
+    assert convs[0]["messages"] == [{"role": "user", "content": "reverse abc"}, {"role": "assistant", "content": "cba"}]
+    assert convs[1]["messages"][-1] == {"role": "assistant", "content": "ok"}
+    (ids, mask), *_ = encode_all(chat, convs, 512)
+    trained = [i for i, m in zip(ids, mask, strict=True) if m]
+    assert trained == [*chat.encode("cba"), chat.eos_id]
+    with pytest.raises(ValueError, match=r"'messages'.*'prompt' and 'completion'"):
+        as_conversation({"text": "no"}, "rows.jsonl:4")
+
+
+def test_train_roles_add_the_content_of_other_roles_never_their_template(tiny_model_dir):
+    chat = ChatTokenizer(load_tokenizer(tiny_model_dir))
+    messages = [
+        {"role": "user", "content": "compute 2+3"},
+        {"role": "assistant", "content": "call"},
+        {"role": "tool", "content": "5"},
+        {"role": "assistant", "content": "five"},
+    ]
+    default_ids, default_mask = chat.encode_conversation(messages)
+    ids, mask = chat.encode_conversation(messages, roles=("user", "assistant"))
+    assert ids == default_ids, "roles never change the token ids"
+    text = lambda m: chat.tokenizer.decode([i for i, on in zip(ids, m, strict=True) if on])  # noqa: E731
+    assert text(default_mask) == "call<|im_end|>five<|im_end|>"
+    assert text(mask) == "compute 2+3call<|im_end|>five<|im_end|>"
+    _, tool_mask = chat.encode_conversation(messages, roles=("tool",))
+    assert text(tool_mask) == "5"
+    with pytest.raises(ValueError, match="no token of the training rows carries loss"):
+        encode_all(
+            chat,
+            [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}],
+            64,
+            roles=("system",),
+        )
+
+
+def test_data_order_continues_from_a_saved_position():
+    whole = DataOrder(7, seed=3)
+    batches = [whole.next_batch(3) for _ in range(6)]
+    assert sorted(batches[0] + batches[1] + [batches[2][0]]) == list(range(7)), "an epoch is a permutation"
+    resumed = DataOrder(7, seed=3, position=9)
+    assert [resumed.next_batch(3) for _ in range(3)] == batches[3:]
+
+
+def test_sft_with_lora_overfits_a_tiny_batch(tiny_model_dir):
+    from thermik.training.lora import apply_lora
+
+    chat = ChatTokenizer(load_tokenizer(tiny_model_dir))
+    rows = [
+        {"messages": [{"role": "user", "content": "reverse abcd"}, {"role": "assistant", "content": "dcba"}]},
+        {"messages": [{"role": "user", "content": "reverse xyz"}, {"role": "assistant", "content": "zyx"}]},
+    ]
+    batch = encode_all(chat, rows, 64)
+    torch.manual_seed(0)
+    model = apply_lora(
+        load_model(tiny_model_dir), LoRAConfig(enabled=True, rank=8, alpha=16, modules_to_save=("norm",))
+    )
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    optimizer, scheduler = build_optimizer(model, OptimizerConfig(lr=1e-2))
+    losses = [sft_update(model, batch, 0, optimizer, scheduler, 1.0, pack_tokens=64)["sft/loss"] for _ in range(80)]
+    assert losses[-1] < 0.05 * losses[0], losses[::10]
+    frozen = dict(model.named_parameters())
+    assert all(torch.equal(frozen[n], p) for n, p in base.items()), "the base weights stay frozen"
+
+
+def test_lora_without_peft_names_the_extra(tiny_model_dir, tmp_path):
+    code = (
+        "import sys; sys.modules['peft'] = None\n"
+        "from thermik.config.schema import LoRAConfig, ModelConfig\n"
+        "from thermik.training.components import load_policy\n"
+        f"load_policy(ModelConfig(path={str(tiny_model_dir)!r}), LoRAConfig(enabled=True))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, check=False)
+    assert proc.returncode != 0
+    assert 'pip install -e ".[lora]"' in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.fixture
+def packing_bench():
+    from conftest import load_benchmark
+
+    yield from load_benchmark("packing")
+
+
+def test_packing_benchmark_times_both_sides_on_equal_losses(packing_bench, tiny_model_dir):
+    model = load_model(tiny_model_dir).train()
+    batch = packing_bench.mixed_batch(6, 4, 40, model.config.vocab_size, seed=1)
+    result = packing_bench.run(model, batch, 40, repeats=1)
+    assert result["padded_s"] > 0 and result["packed_s"] > 0
+    assert result["ratio"] == pytest.approx(result["padded_s"] / result["packed_s"])
