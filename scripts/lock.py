@@ -47,6 +47,9 @@ LOCKS: dict[str, tuple[str, ...]] = {
         "distributed",
         "sinks",
         "tinker",
+        "data",
+        "reasoning-gym",
+        "openenv",
     ),
     "requirements/main.txt": (),
 }

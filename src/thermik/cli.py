@@ -148,10 +148,12 @@ def _cmd_monitor(argv: list[str]) -> int:
 
 
 def _cmd_synthesize(argv: list[str]) -> int:
-    from thermik.tasks.registry import GENERATORS
+    from thermik.tasks.registry import GENERATORS, check_generator
 
     p = argparse.ArgumentParser(prog="thermik synthesize", description="Write dataset rows and solved conversations.")
-    p.add_argument("--env", choices=sorted(GENERATORS), help="Environment whose generator to use.")
+    p.add_argument(
+        "--env", help=f"Environment whose generator to use: {', '.join(sorted(GENERATORS))} or reasoning_gym:<task>."
+    )
     p.add_argument("--n", type=int, help="Number of rows.")
     p.add_argument("--out", required=True, type=Path, help="Output directory (rows.jsonl, sft.jsonl).")
     p.add_argument("--split", default="train", choices=["train", "eval"], help="Disjoint problem split.")
@@ -173,6 +175,10 @@ def _cmd_synthesize(argv: list[str]) -> int:
         p.error("--env and --n are required (unless --from-conversations)")
     if args.n < 1:
         p.error("--n must be >= 1")
+    try:
+        check_generator(args.env)
+    except ValueError as exc:
+        p.error(f"--env: {exc}")
     llm_cfg = None
     if args.llm_base_url:
         try:

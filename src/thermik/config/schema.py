@@ -109,6 +109,29 @@ class ServerConfig(Section):
     access_log: bool = Field(False, description="Log every request (uvicorn's access log); RL sends thousands.")
 
 
+class ReasoningGymConfig(Section):
+    """`reasoning_gym:<task>` and `reasoning_gym:composite` environments (docs/environments.md)."""
+
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the task's reasoning-gym config (e.g. max_terms = 3)."
+    )
+    weights: dict[str, float] = Field(
+        default_factory=dict, description="reasoning_gym:composite: task name -> sampling weight (at least one)."
+    )
+    task_configs: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="reasoning_gym:composite: task name -> keyword arguments of its config."
+    )
+    system_prompt: str = Field(
+        "default", description="System message: a name in reasoning_gym.utils.SYSTEM_PROMPTS, other text as it is, or "
+        "empty for none."
+    )  # fmt: skip
+    extraction: Literal["tag", "full"] = Field(
+        "tag", description="How the answer is read from the response: 'tag' (the last <answer_tag> block; none "
+        "scores 0) or 'full' (the whole response, stripped)."
+    )  # fmt: skip
+    answer_tag: str = Field("answer", description="Tag name of extraction 'tag'.")
+
+
 class EnvConfig(Section):
     name: str = Field("calculator", description="Environment name from the registry or a 'pkg.mod:Class' path.")
     max_turns: int = Field(4, ge=1, description="Most assistant turns per episode.")
@@ -119,6 +142,9 @@ class EnvConfig(Section):
     tool_latency_s: float = Field(0.0, ge=0, description="Artificial latency added by the calculator MCP server.")
     skyrl_gym_config: dict[str, Any] = Field(
         default_factory=dict, description="env_config passed to skyrl-gym environments (env names skyrl_gym:<name>)."
+    )
+    reasoning_gym: ReasoningGymConfig = Field(
+        default_factory=ReasoningGymConfig, description="reasoning-gym tasks (env names reasoning_gym:<task>)."
     )
     tool_parser: Literal["hermes", "qwen3_coder", "llama3"] = Field(
         "hermes", description="Tool-call text format the model writes (thermik.tools.parsers.TOOL_PARSERS)."
@@ -176,9 +202,29 @@ class RolloutConfig(Section):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters for training.")
 
 
+class DataColumnsConfig(Section):
+    """Maps a dataset of another schema onto thermik rows (docs/environments.md, "Datasets on disk")."""
+
+    prompt: str = Field(
+        "", description="Column holding the prompt: a string (the user message) or a list of chat messages. Empty: the "
+        "files already hold thermik rows (data_source, env_class, prompt, reward_spec, extra_info)."
+    )  # fmt: skip
+    answer: str = Field("", description="Column whose value becomes reward_spec.ground_truth; empty: none.")
+    system_prompt: str = Field("", description="A system message put before every mapped prompt; empty: none.")
+    data_source: str = Field("", description="The rows' data_source; empty: the file or directory name.")
+
+
 class DataConfig(Section):
-    train_path: str = Field("", description="Training dataset (jsonl or parquet); empty means synthesize.")
-    eval_path: str = Field("", description="Held-out dataset; empty means synthesize.")
+    train_path: str = Field(
+        "", description="Training dataset: .jsonl, .parquet, .arrow or a `datasets` save_to_disk directory; empty "
+        "means synthesize."
+    )  # fmt: skip
+    eval_path: str = Field("", description="Held-out dataset (same formats as train_path); empty means synthesize.")
+    train_split: str = Field("train", description="Split read from a save_to_disk DatasetDict for train_path.")
+    eval_split: str = Field("test", description="Split read from a save_to_disk DatasetDict for eval_path.")
+    columns: DataColumnsConfig = Field(
+        default_factory=DataColumnsConfig, description="Column mapping for datasets in another schema."
+    )
     synthetic_train_size: int = Field(2000, ge=0, description="Rows synthesized when train_path is empty.")
     synthetic_eval_size: int = Field(200, ge=0, description="Rows synthesized when eval_path is empty.")
     seed: int = Field(0, description="Seed for synthesis and shuffling.")

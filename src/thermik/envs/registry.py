@@ -22,6 +22,12 @@ BUILTIN_ENVIRONMENTS: dict[str, str] = {
 """The envs of this package; the built-in tasks' envs are in thermik.tasks.registry.TASKS."""
 SKYRL_GYM_PREFIX = "skyrl_gym:"
 """`skyrl_gym:<name>` runs skyrl-gym environment <name> unchanged (thermik.envs.skyrl_gym)."""
+PREFIXED_SOURCES: dict[str, str] = {
+    SKYRL_GYM_PREFIX: "thermik.envs.skyrl_gym:skyrl_gym_env_class",
+    "reasoning_gym:": "thermik.envs.reasoning_gym:reasoning_gym_env_class",
+}
+"""Environment ecosystems by name prefix -> "pkg.mod:function" returning the Env class for the rest of the name
+(imported on first use, so an ecosystem's package is needed only when a run names it)."""
 
 ENVIRONMENTS: dict[str, str] = dict(BUILTIN_ENVIRONMENTS)
 """name -> "pkg.mod:Class"; the built-ins plus whatever `register` added."""
@@ -45,22 +51,22 @@ def unregister(name: str) -> None:
 
 
 def resolve(name_or_path: str, builtins: Mapping[str, str] | None = None) -> type[Env]:
-    """The Env class for a registered name, `skyrl_gym:<name>`, or a 'pkg.mod:Class' path.
+    """The Env class for a registered name, a prefixed ecosystem name (`skyrl_gym:<name>`, ...), or 'pkg.mod:Class'.
 
     `builtins`: further built-in names -> "pkg.mod:Class" (thermik.tasks passes its table), looked up first;
     a name both there and registered with `register` is an error.
     """
-    if name_or_path.startswith(SKYRL_GYM_PREFIX):
-        from thermik.envs.skyrl_gym import skyrl_gym_env_class
-
-        return skyrl_gym_env_class(name_or_path.removeprefix(SKYRL_GYM_PREFIX))
+    for prefix, factory in PREFIXED_SOURCES.items():
+        if name_or_path.startswith(prefix):
+            module_name, attr = _split_entry_point(factory)
+            return getattr(importlib.import_module(module_name), attr)(name_or_path.removeprefix(prefix))
     entry_point = _lookup(name_or_path, builtins or {})
     if entry_point is None:
         if ":" not in name_or_path:
             valid = ", ".join(sorted({*ENVIRONMENTS, *(builtins or {})}))
             raise ValueError(
                 f"unknown environment {name_or_path!r}; valid names: {valid} "
-                "(or skyrl_gym:<name>, or a 'pkg.mod:Class' path)"
+                f"(or {', '.join(p + '<name>' for p in PREFIXED_SOURCES)}, or a 'pkg.mod:Class' path)"
             )
         entry_point = name_or_path
     module_name, attr = _split_entry_point(entry_point)

@@ -95,7 +95,7 @@ def build_run(
     seeded runs reproducible."""
     run = open_run(cfg, out_dir=out_dir, load_policy=load_policy, lora=lora)
     policy, chat = run.policy, run.chat
-    rows = components.load_datasets(cfg.data, cfg.env.name, train_rows) if engine is not None else None
+    rows = components.load_datasets(cfg.data, cfg.env, train_rows) if engine is not None else None
     if learner:
         assert policy is not None, "the learner needs the policy in this process"
         run.learner = build_learner(cfg, policy, chat, update_threads)

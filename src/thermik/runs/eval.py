@@ -96,7 +96,7 @@ async def _eval_api(cfg: EvalRunConfig) -> list[dict[str, Any]]:
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / "config.toml").write_text(dump_toml(cfg))
     pool = MCPPool(log_dir=cfg.run_dir / "logs")
-    _, rows = components.load_datasets(cfg.data, cfg.env.name, train=False)
+    _, rows = components.load_datasets(cfg.data, cfg.env, train=False)
     limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
     player = ApiPolicy(cfg.policy, components.env_factory(cfg.env, pool), limits, _sampling(cfg), cfg.env.tool_parser)
     try:

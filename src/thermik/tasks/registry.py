@@ -83,6 +83,8 @@ TASKS: dict[str, Task] = {
 TASK_ENVS: dict[str, str] = {name: task.env for name, task in TASKS.items() if task.env is not None}
 """The built-in env names -> "pkg.mod:Class", handed to thermik.envs.registry."""
 GENERATORS: dict[str, Generator] = {name: task.generator for name, task in TASKS.items()}
+REASONING_GYM_PREFIX = "reasoning_gym:"
+"""`reasoning_gym:<task>` rows come from reasoning-gym itself (thermik.tasks.reasoning_gym)."""
 
 
 def make_env(
@@ -118,18 +120,45 @@ def unregister(name: str) -> None:
 
 def _generator(env: str) -> Generator:
     if env not in GENERATORS:
-        raise ValueError(f"no synthetic generator for environment {env!r}; valid: {', '.join(sorted(GENERATORS))}")
+        raise ValueError(
+            f"no synthetic generator for environment {env!r}; valid: {', '.join(sorted(GENERATORS))}, "
+            f"{REASONING_GYM_PREFIX}<task>"
+        )
     return GENERATORS[env]
 
 
-def generate_rows(env: str, n: int, seed: int, split: Split = "train") -> list[dict[str, Any]]:
-    """`n` distinct problems of `env` from `split`, deterministic in (env, n, seed, split)."""
+def check_generator(env: str) -> None:
+    """Raise when `env` has no row generator (the error lists the valid names; an unknown reasoning-gym task lists
+    reasoning-gym's)."""
+    if env.startswith(REASONING_GYM_PREFIX):
+        from thermik.envs.reasoning_gym import check_task
+
+        check_task(env.removeprefix(REASONING_GYM_PREFIX))
+    else:
+        _generator(env)
+
+
+def generate_rows(
+    env: str, n: int, seed: int, split: Split = "train", options: EnvConfig | None = None
+) -> list[dict[str, Any]]:
+    """`n` distinct problems of `env` from `split`, deterministic in (env, n, seed, split); `options` configures
+    `reasoning_gym:<task>` rows (env.reasoning_gym)."""
+    if env.startswith(REASONING_GYM_PREFIX):
+        from thermik.tasks.reasoning_gym import reasoning_gym_rows
+
+        cfg = (options or EnvConfig()).reasoning_gym
+        return reasoning_gym_rows(env.removeprefix(REASONING_GYM_PREFIX), n, seed, split, cfg)
     generator = _generator(env)
     return [generator.row(problem) for problem in draw_problems(generator.problem, env, n, seed, split)]
 
 
-def solve(row: dict[str, Any]) -> list[Message]:
-    """The full solved conversation: the prompt, then the exact assistant text (and tool results) that earn reward 1."""
+def solve(row: dict[str, Any], options: EnvConfig | None = None) -> list[Message]:
+    """The full solved conversation: the prompt, then the exact assistant text (and tool results) that earn reward 1
+    (for a reasoning-gym row: the task's own answer, which scores below 1 where the task accepts several)."""
+    if row["env_class"].startswith(REASONING_GYM_PREFIX):
+        from thermik.tasks.reasoning_gym import reasoning_gym_solve
+
+        return reasoning_gym_solve(row, (options or EnvConfig()).reasoning_gym)
     return _generator(row["env_class"]).solve(row)
 
 

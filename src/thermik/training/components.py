@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from thermik.config.schema import DataConfig, EnvConfig, InferenceConfig, LoRAConfig, ModelConfig
-from thermik.data.dataset import load_rows
+from thermik.data.disk import load_rows_from
 from thermik.envs.base import Env
 from thermik.inference.base import InferenceEngine
 from thermik.inference.embedded import embedded_engine
@@ -155,17 +155,20 @@ def env_factory(cfg: EnvConfig, pool: MCPPool) -> EnvFactory:
 
 
 def load_datasets(
-    cfg: DataConfig, env_name: str, train: bool = True
+    cfg: DataConfig, env: EnvConfig, train: bool = True
 ) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]]]:
-    """(train rows, held-out rows): from files, or synthesized from disjoint splits of the environment's generator.
-    train=False: held-out rows only (an evaluation needs no training set, nor a generator for one)."""
+    """(train rows, held-out rows): from files (thermik.data.disk), or synthesized from disjoint splits of the
+    environment's generator. train=False: held-out rows only (an evaluation needs no training set, nor a generator)."""
     rows = None
     if train:
-        synthetic = cfg.synthetic_train_size
-        rows = load_rows(cfg.train_path) if cfg.train_path else generate_rows(env_name, synthetic, cfg.seed, "train")
+        rows = (
+            load_rows_from(cfg.train_path, cfg.columns, env.name, cfg.train_split)
+            if cfg.train_path
+            else generate_rows(env.name, cfg.synthetic_train_size, cfg.seed, "train", options=env)
+        )
     held_out = (
-        load_rows(cfg.eval_path)
+        load_rows_from(cfg.eval_path, cfg.columns, env.name, cfg.eval_split)
         if cfg.eval_path
-        else generate_rows(env_name, cfg.synthetic_eval_size, cfg.seed, split="eval")
+        else generate_rows(env.name, cfg.synthetic_eval_size, cfg.seed, "eval", options=env)
     )
     return rows, held_out
