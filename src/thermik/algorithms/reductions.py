@@ -82,9 +82,18 @@ def prompt_mean(x: Tensor, mask: Tensor, seq_weights: Tensor) -> Tensor:
     to these rows (the weights carry the mini-batch counts, which keeps the micro-batch split out of the
     gradient). Every prompt weighs the same, whatever its number of samples or their lengths. Scalar.
     """
+    return weighted_sequence_mean(x, mask, seq_weights)
+
+
+def weighted_sequence_mean(x: Tensor, mask: Tensor, seq_weights: Tensor) -> Tensor:
+    """sum_i seq_weights[i] * (mean of x over row i's mask tokens): `prompt_mean`'s formula, and `sequence_mean` /
+    `prompt_mean` over episodes that train as several rows (weights from `episodes.episode_row_weights`).
+
+    x, mask: [N, T]; seq_weights [N], computed over the whole mini-batch and sliced to these rows. Scalar.
+    """
     _check(x, mask)
     if seq_weights.shape != (x.shape[0],):
-        raise ValueError(f"prompt_mean: seq_weights must be [N] = [{x.shape[0]}], got {tuple(seq_weights.shape)}")
+        raise ValueError(f"seq_weights must be [N] = [{x.shape[0]}], got {tuple(seq_weights.shape)}")
     keep = mask.bool()
     per_seq = torch.where(keep, x, torch.zeros_like(x)).sum(dim=-1) / keep.sum(dim=-1).clamp(min=1).to(x.dtype)
     return (per_seq * seq_weights.to(x.dtype)).sum()

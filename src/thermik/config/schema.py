@@ -39,6 +39,10 @@ class ModelConfig(Section):
         "", description="A jinja chat template file replacing the model's own (e.g. one that renders tools); empty "
         "keeps the model's. A template that ignores tools gets them in the system message (docs/models.md)."
     )  # fmt: skip
+    enable_thinking: bool | None = Field(
+        None, description="Passed to the chat template as `enable_thinking` (Qwen3-style templates: false closes an "
+        "empty <think> block in the generation prompt); None passes nothing (docs/models.md, 'Thinking models')."
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _mixed_needs_float32(self) -> ModelConfig:
@@ -200,6 +204,37 @@ class RolloutConfig(Section):
     max_generate_length: int = Field(64, ge=1, description="Most tokens sampled in one assistant turn.")
     max_sequence_length: int = Field(1024, ge=1, description="Longest prompt+response; longer is overlong (masked).")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters for training.")
+    step_wise: Literal["off", "on-break", "always"] = Field(
+        "on-break", description="Training samples per episode (docs/algorithms.md, 'Step-wise trajectories'): 'off' "
+        "(one sequence; an episode whose next prompt is not an exact extension of its tokens fails loudly), "
+        "'on-break' (a new sample starts where the next prompt stops extending the tokens so far) or 'always' "
+        "(every turn is its own sample)."
+    )  # fmt: skip
+    context: Literal["truncate-episode", "drop-oldest-observations", "summarise"] = Field(
+        "truncate-episode", description="What happens when an episode outgrows its context: 'truncate-episode' "
+        "(the episode stops at max_sequence_length, overlong), 'drop-oldest-observations' (when the next prompt "
+        "would exceed max_input_length, the oldest tool results become context_placeholder) or 'summarise' (the "
+        "policy writes a summary turn, trained like any sampled turn, that replaces the history). The last two "
+        "start a new step-wise sample and need step_wise 'on-break' or 'always' (docs/algorithms.md)."
+    )  # fmt: skip
+    context_placeholder: str = Field(
+        "[earlier output dropped]", min_length=1, description="Text replacing a dropped observation."
+    )
+    summary_request: str = Field(
+        "Your context is full. Summarise the task and what you have found so far in a few lines; the conversation "
+        "continues from your summary.",
+        min_length=1,
+        description="The user message that asks the policy for its summary (context 'summarise').",
+    )
+
+    @model_validator(mode="after")
+    def _context_needs_step_wise(self) -> RolloutConfig:
+        if self.context != "truncate-episode" and self.step_wise == "off":
+            raise ValueError(
+                f"rollout.context {self.context!r} rewrites the history, which breaks the token prefix: set "
+                "rollout.step_wise 'on-break' (or 'always'), or rollout.context 'truncate-episode'"
+            )
+        return self
 
 
 class DataColumnsConfig(Section):
@@ -254,6 +289,11 @@ class AlgorithmConfig(Section):
     """The RL algorithm; every name is listed with its formula and paper in docs/algorithms.md."""
 
     advantage: AdvantageName = Field("grpo", description="Advantage estimator.")
+    step_rewards: Literal["episode", "per-step"] = Field(
+        "episode", description="Rewards of an episode's step-wise samples: 'episode' gives every sample the episode's "
+        "return and groups advantages by episode; 'per-step' scores each sample by the environment rewards from its "
+        "first turn to the episode's end (docs/algorithms.md, 'Step-wise trajectories')."
+    )  # fmt: skip
     loss: LossName = Field("ppo", description="Policy loss; 'custom' loads algorithm.custom_loss.")
     custom_loss: str = Field("", description="Import path 'pkg.module:function' of the loss when loss = 'custom'.")
     reduction: ReductionName = Field("token_mean", description="Loss reduction over the mini-batch.")

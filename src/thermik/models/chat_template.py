@@ -43,7 +43,7 @@ TOOLS_INSTRUCTION_TAIL = '</tools>\nCall a tool as <tool_call>\n{"name": ..., "a
 
 
 # Whitespace is controlled explicitly with `{%-`/`-%}`; transformers renders with trim_blocks and lstrip_blocks.
-CHATML_TOOL_TEMPLATE = (
+_CONTENT_MACRO = (
     "{%- macro render_content(content) -%}"
     "{%- if content is none -%}{%- elif content is string -%}{{- content -}}"
     "{%- elif content is sequence and content is not mapping -%}"
@@ -53,7 +53,9 @@ CHATML_TOOL_TEMPLATE = (
     "{%- endfor -%}"
     "{%- else -%}{{- content | tojson -}}{%- endif -%}"
     "{%- endmacro -%}"
-    # System turn: the given system message and/or the tool block.
+)
+# System turn: the given system message and/or the tool block.
+_SYSTEM_TURN = (
     "{%- set has_system = messages | length > 0 and messages[0].role == 'system' -%}"
     "{%- if tools or has_system -%}"
     "{{- '<|im_start|>system\\n' -}}"
@@ -69,15 +71,12 @@ CHATML_TOOL_TEMPLATE = (
     "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endif -%}"
-    # Remaining messages.
-    "{%- for message in messages -%}"
-    "{%- if loop.first and has_system -%}"
+)
+_USER_TURN = (
     "{%- elif message.role == 'user' or message.role == 'system' -%}"
     "{{- '<|im_start|>' + message.role + '\\n' -}}{{- render_content(message.content) -}}{{- '<|im_end|>\\n' -}}"
-    "{%- elif message.role == 'assistant' -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- generation -%}"
-    "{{- render_content(message.content) -}}"
+)
+_TOOL_CALLS = (
     "{%- if message.tool_calls is defined and message.tool_calls -%}"
     "{%- for call in message.tool_calls -%}"
     "{%- if call.function is defined -%}{%- set call = call.function -%}{%- endif -%}"
@@ -87,9 +86,16 @@ CHATML_TOOL_TEMPLATE = (
     "{{- '}\\n</tool_call>' -}}"
     "{%- endfor -%}"
     "{%- endif -%}"
-    "{{- '<|im_end|>' -}}"
+)
+_ASSISTANT_TURN = (
+    "{%- elif message.role == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- generation -%}"
+    "{{- render_content(message.content) -}}" + _TOOL_CALLS + "{{- '<|im_end|>' -}}"
     "{%- endgeneration -%}"
     "{{- '\\n' -}}"
+)
+_TOOL_TURN_AND_END = (
     "{%- elif message.role == 'tool' -%}"
     "{%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user\\n' -}}{%- else -%}{{- '\\n' -}}"
     "{%- endif -%}"
@@ -99,8 +105,69 @@ CHATML_TOOL_TEMPLATE = (
     "{{- raise_exception('unknown message role ' + message.role + '; expected system, user, assistant or tool') -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
+_MESSAGES_HEAD = "{%- for message in messages -%}{%- if loop.first and has_system -%}"
+
+CHATML_TOOL_TEMPLATE = (
+    _CONTENT_MACRO
+    + _SYSTEM_TURN
+    + _MESSAGES_HEAD
+    + _USER_TURN
+    + _ASSISTANT_TURN
+    + _TOOL_TURN_AND_END
+    + "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+# Qwen3's thinking rules on the template above (docs/models.md, 'Thinking models'). The last query is the last user
+# message that is not a tool result; an assistant turn after it keeps its thinking (`reasoning_content`, or the
+# text before `</think>` in its content) when it has some or is the last message, as
+# "<think>\nREASONING\n</think>\n\nANSWER"; every earlier assistant turn shows its answer only. With
+# `enable_thinking=false` the generation prompt closes an empty thinking block.
+_LAST_QUERY = (
+    "{%- set ns = namespace(last_query_index=messages | length - 1, searching=true) -%}"
+    "{%- for message in messages[::-1] -%}"
+    "{%- set index = messages | length - 1 - loop.index0 -%}"
+    "{%- if ns.searching and message.role == 'user' and message.content is string and not "
+    "(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) -%}"
+    "{%- set ns.searching = false -%}{%- set ns.last_query_index = index -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+_THINKING_ASSISTANT_TURN = (
+    "{%- elif message.role == 'assistant' -%}"
+    "{%- set content = render_content(message.content) -%}"
+    "{%- set reasoning = '' -%}"
+    "{%- if message.reasoning_content is string -%}{%- set reasoning = message.reasoning_content -%}"
+    "{%- elif '</think>' in content -%}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') -%}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}"
+    "{%- endif -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- generation -%}"
+    "{%- if loop.index0 > ns.last_query_index and (loop.last or reasoning) -%}"
+    "{{- '<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') -}}"
+    "{%- else -%}{{- content -}}{%- endif -%}" + _TOOL_CALLS + "{{- '<|im_end|>' -}}"
+    "{%- endgeneration -%}"
+    "{{- '\\n' -}}"
+)
+
+QWEN3_THINKING_TEMPLATE = (
+    _CONTENT_MACRO
+    + _SYSTEM_TURN
+    + _LAST_QUERY
+    + _MESSAGES_HEAD
+    + _USER_TURN
+    + _THINKING_ASSISTANT_TURN
+    + _TOOL_TURN_AND_END
+    + "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+)
+
+CHAT_TEMPLATES: dict[str, str] = {"chatml-tools": CHATML_TOOL_TEMPLATE, "qwen3-thinking": QWEN3_THINKING_TEMPLATE}
+"""The templates a preset can ship (`Preset.template`)."""
 
 
 # ---------------------------------------------------------------- templates that ignore tools

@@ -40,6 +40,7 @@ class Preset:
     num_heads: int
     num_kv_heads: int
     intermediate_size: int
+    template: str = "chatml-tools"  # a name in models.chat_template.CHAT_TEMPLATES
 
     @property
     def head_dim(self) -> int:
@@ -56,6 +57,9 @@ PRESETS: dict[str, Preset] = {
     "qwen2-20m": Preset("qwen2", **_SIZE_20M),
     "qwen3-1m": Preset("qwen3", **_SIZE_1M),
     "qwen3-5m": Preset("qwen3", **_SIZE_5M),
+    # Qwen3's thinking rules in the chat template: earlier turns' <think> is stripped from history (docs/models.md).
+    "qwen3-think-1m": Preset("qwen3", **_SIZE_1M, template="qwen3-thinking"),
+    "qwen3-think-5m": Preset("qwen3", **_SIZE_5M, template="qwen3-thinking"),
     "llama-1m": Preset("llama", **_SIZE_1M),
     "llama-5m": Preset("llama", **_SIZE_5M),
     "llama-20m": Preset("llama", **_SIZE_20M),
@@ -115,7 +119,7 @@ def init_model(preset: str, out_dir: str | Path, seed: int = 0, overwrite: bool 
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"model output dir {out} is not empty; pass overwrite=True to replace it")
 
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(get_preset(preset).template)
     config = build_config(preset, tokenizer)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from thermik.models.chat_template import CHATML_TOOL_TEMPLATE
+from thermik.models.chat_template import CHAT_TEMPLATES
 
 PAD_TOKEN = "<|endoftext|>"
 EOS_TOKEN = "<|im_end|>"
@@ -45,8 +45,11 @@ def _byte_level_backend() -> Tokenizer:
     return tok
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """The tiny-model tokenizer: 269 tokens, left padding, eos ``<|im_end|>``, pad ``<|endoftext|>``, no BOS."""
+def build_tokenizer(template: str = "chatml-tools") -> PreTrainedTokenizerFast:
+    """The tiny-model tokenizer: 269 tokens, left padding, eos ``<|im_end|>``, pad ``<|endoftext|>``, no BOS; its chat
+    template is `CHAT_TEMPLATES[template]`."""
+    if template not in CHAT_TEMPLATES:
+        raise ValueError(f"unknown chat template {template!r}; valid: {', '.join(CHAT_TEMPLATES)}")
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=_byte_level_backend(),
         padding_side="left",
@@ -57,7 +60,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         clean_up_tokenization_spaces=False,
         model_max_length=2048,
     )
-    tokenizer.chat_template = CHATML_TOOL_TEMPLATE
+    tokenizer.chat_template = CHAT_TEMPLATES[template]
     if len(tokenizer) != VOCAB_SIZE:
         raise RuntimeError(f"tokenizer has {len(tokenizer)} tokens, expected {VOCAB_SIZE}")
     return tokenizer

@@ -7,14 +7,18 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from thermik.config.schema import RolloutConfig, SamplingConfig
-from thermik.envs.base import Env, Message, StepOutput
-from thermik.inference.base import Generation, InferenceEngine, SamplingParams
-from thermik.rollout.invariants import check_trajectory
+from thermik.envs.base import Env, StepOutput
+from thermik.inference.base import InferenceEngine, SamplingParams
+from thermik.rollout.history import NextPrompt, PromptHistory
+from thermik.rollout.step_wise import EpisodeSamples, StepWise
+from thermik.rollout.thinking import assistant_message, split_thinking, think_token_ids, thinking_token_count
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import Trajectory
+
+ContextPolicy = Literal["truncate-episode", "drop-oldest-observations", "summarise"]
 
 
 class PromptTooLongError(ValueError):
@@ -27,10 +31,23 @@ class LoopLimits:
     max_input_length: int
     max_generate_length: int
     max_sequence_length: int
+    step_wise: StepWise = "on-break"
+    context: ContextPolicy = "truncate-episode"
+    context_placeholder: str = "[earlier output dropped]"
+    summary_request: str = "Summarise the task and what you have found so far in a few lines."
 
     @classmethod
     def from_config(cls, rollout: RolloutConfig, max_turns: int) -> LoopLimits:
-        return cls(max_turns, rollout.max_input_length, rollout.max_generate_length, rollout.max_sequence_length)
+        return cls(
+            max_turns,
+            rollout.max_input_length,
+            rollout.max_generate_length,
+            rollout.max_sequence_length,
+            rollout.step_wise,
+            rollout.context,
+            rollout.context_placeholder,
+            rollout.summary_request,
+        )
 
 
 def sampling_params(
@@ -47,44 +64,97 @@ def sampling_params(
     )
 
 
-def _record_generation(traj: Trajectory, gen: Generation, chat: ChatTokenizer) -> str:
-    """Append one turn's sampled tokens (loss mask 1, their logprobs and weight versions); returns its text."""
-    traj.response_ids += gen.token_ids
-    traj.loss_mask += [1] * len(gen.token_ids)
-    traj.rollout_logprobs += gen.logprobs
-    traj.weight_versions += gen.weight_versions or [gen.weight_version] * len(gen.token_ids)
-    traj.rewards += [0.0] * len(gen.token_ids)
-    text = chat.decode(gen.token_ids)
-    traj.messages.append({"role": "assistant", "content": text})
-    return text
-
-
-def _record_step(traj: Trajectory, out: StepOutput) -> None:
+def _record_step(traj: Trajectory, episode: EpisodeSamples, out: StepOutput) -> None:
     """The env's reward on the turn's last sampled token; tool call/failure counts summed."""
-    if traj.rewards:
-        traj.rewards[-1] += float(out.reward)
+    episode.add_reward(float(out.reward))
     for key in ("tool_calls", "tool_failures"):
         traj.env_metrics[key] = traj.env_metrics.get(key, 0.0) + float(out.metadata.get(key, 0))
 
 
-def _record_observations(traj: Trajectory, chat: ChatTokenizer, observations: list[Message]) -> None:
-    """Append the observation messages' token ids (loss mask 0, no logprob, weight version -1)."""
-    obs_ids = chat.encode_observations(observations)
-    traj.messages += observations
-    traj.response_ids += obs_ids
-    traj.loss_mask += [0] * len(obs_ids)
-    traj.rollout_logprobs += [0.0] * len(obs_ids)
-    traj.weight_versions += [-1] * len(obs_ids)
-    traj.rewards += [0.0] * len(obs_ids)
+def _next_prompt(history: PromptHistory, episode: EpisodeSamples, limits: LoopLimits) -> NextPrompt | None:
+    """The next prompt under the context policy; None when the episode must stop for length (truncate-episode).
+    drop-oldest-observations replaces old tool results until the prompt fits; summarise asks for a summary."""
+    prompt = history.render_next()
+    too_long = lambda p: history.tokens_count(p, episode.current_length()) > limits.max_input_length  # noqa: E731
+    if limits.context == "truncate-episode" or not too_long(prompt):
+        return prompt
+    if limits.context == "drop-oldest-observations":
+        while too_long(prompt) and history.drop_oldest_observation(limits.context_placeholder):
+            prompt = history.render_next()
+        episode.head.env_metrics["context_drops"] = episode.head.env_metrics.get("context_drops", 0.0) + 1.0
+        return None if too_long(prompt) else prompt
+    history.add_user(limits.summary_request)
+    episode.head.messages.append(history.messages[-1])
+    episode.head.env_metrics["context_summaries"] = episode.head.env_metrics.get("context_summaries", 0.0) + 1.0
+    return history.render_next()
 
 
-def _finish(traj: Trajectory, turns: list[list[int]], overlong: bool) -> Trajectory:
-    """An overlong episode trains on nothing (loss mask zeroed); then the token-in/token-out check."""
-    if overlong:
-        traj.loss_mask = [0] * len(traj.loss_mask)
-        traj.env_metrics["overlong"] = 1.0
-    check_trajectory(traj, turns)
-    return traj
+@dataclass
+class _EpisodeRun:
+    """One running episode: what each turn needs, and whether the next sampled turn is the summary."""
+
+    engine: InferenceEngine
+    env: Env
+    chat: ChatTokenizer
+    history: PromptHistory
+    episode: EpisodeSamples
+    limits: LoopLimits
+    sampling: SamplingConfig
+    seed: int | None
+    session_id: str
+    summary_next: bool = False
+    overlong: bool = False
+
+    def stop(self, reason: str, overlong: bool) -> bool:
+        self.episode.head.stop_reason, self.overlong = reason, overlong
+        return False
+
+    async def turn(self, turn: int) -> bool:
+        """Generate, step the env (or take the summary), then the next prompt; False ends the episode."""
+        traj, limits, chat = self.episode.head, self.limits, self.chat
+        max_tokens = min(limits.max_generate_length, limits.max_sequence_length - self.episode.current_length())
+        if max_tokens <= 0:
+            return self.stop("length", True)
+        seed = None if self.seed is None else self.seed + 7919 * turn
+        params = sampling_params(self.sampling, max_tokens, chat.stop_ids, seed)
+        t0 = time.perf_counter()
+        gen = await self.engine.generate(self.episode.current_ids(), params, self.session_id)
+        traj.timings["llm"] += time.perf_counter() - t0
+        traj.num_turns = turn + 1
+        self.episode.add_generation(gen)
+        text = chat.decode(gen.token_ids)
+        self.history.add_sampled(gen.token_ids, text)
+        traj.messages.append(assistant_message(text))
+        _count_thinking(traj, chat, gen.token_ids)
+        if gen.stop_reason != "stop":
+            return self.stop(gen.stop_reason, max_tokens < limits.max_generate_length)
+        if self.summary_next:
+            self.history.restart_from_summary(split_thinking(text)[1])
+        elif not await self._step_env(split_thinking(text)[1]):
+            return self.stop("stop", False)
+        summaries = traj.env_metrics.get("context_summaries", 0.0)
+        prompt = _next_prompt(self.history, self.episode, limits)
+        if prompt is None:
+            return self.stop("length", True)
+        self.summary_next = traj.env_metrics.get("context_summaries", 0.0) > summaries
+        self.history.commit(prompt)
+        self.episode.advance(prompt.ids, prompt.extends)
+        if self.episode.current_length() >= limits.max_sequence_length:
+            return self.stop("length", True)
+        return True
+
+    async def _step_env(self, answer: str) -> bool:
+        """The env's step on the turn's answer (thinking removed); False when the episode is done."""
+        traj = self.episode.head
+        t0 = time.perf_counter()
+        out = await self.env.astep(answer)
+        traj.timings["env"] += time.perf_counter() - t0
+        _record_step(traj, self.episode, out)
+        if out.done:
+            return False
+        self.history.add_observations(out.observations)
+        traj.messages += out.observations
+        return True
 
 
 async def run_episode(
@@ -97,52 +167,31 @@ async def run_episode(
     group_id: int = 0,
     seed: int | None = None,
 ) -> Trajectory:
-    """Play one episode. Rewards sit on each turn's last sampled token; a sequence that outgrows
-    max_sequence_length is overlong: stop reason "length" and its loss mask zeroed."""
+    """Play one episode. Rewards sit on each turn's last sampled token; a sample that outgrows
+    max_sequence_length is overlong: stop reason "length" and the episode's loss masks zeroed. The episode's
+    step-wise samples are the returned trajectory and its `continuations` (limits.step_wise)."""
     messages, _ = await env.ainit(prompt)
-    prompt_ids = chat.encode_prompt(messages, env.tools)
+    history = PromptHistory(chat, messages, env.tools)
+    prompt_ids = history.prompt_ids()
     if len(prompt_ids) > limits.max_input_length:
         raise PromptTooLongError(f"prompt has {len(prompt_ids)} tokens > rollout.max_input_length")
     traj = Trajectory(prompt_ids=prompt_ids, group_id=group_id, messages=list(messages), stop_reason="max_turns")
-    turns: list[list[int]] = []
-    session_id = uuid.uuid4().hex  # the engine keeps this episode's cache between turns
-    overlong = False
+    episode = EpisodeSamples(traj, limits.step_wise)
+    run = _EpisodeRun(engine, env, chat, history, episode, limits, sampling, seed, uuid.uuid4().hex)
     try:
         for turn in range(limits.max_turns):
-            room = limits.max_sequence_length - len(prompt_ids) - len(traj.response_ids)
-            max_tokens = min(limits.max_generate_length, room)
-            if max_tokens <= 0:
-                traj.stop_reason, overlong = "length", True
-                break
-            params = sampling_params(sampling, max_tokens, chat.stop_ids, None if seed is None else seed + 7919 * turn)
-            t0 = time.perf_counter()
-            gen = await engine.generate(prompt_ids + traj.response_ids, params, session_id)
-            traj.timings["llm"] += time.perf_counter() - t0
-            start = len(traj.response_ids)
-            turns.append(list(gen.token_ids))
-            traj.num_turns = turn + 1
-            text = _record_generation(traj, gen, chat)
-            end_sampled = len(traj.response_ids)
-            if gen.stop_reason != "stop":
-                traj.stop_reason, overlong = gen.stop_reason, max_tokens < limits.max_generate_length
-                traj.turn_spans.append((start, end_sampled, end_sampled))
-                break
-            t0 = time.perf_counter()
-            out = await env.astep(text)
-            traj.timings["env"] += time.perf_counter() - t0
-            _record_step(traj, out)
-            if out.done:
-                traj.stop_reason = "stop"
-                traj.turn_spans.append((start, end_sampled, end_sampled))
-                break
-            _record_observations(traj, chat, out.observations)
-            traj.turn_spans.append((start, end_sampled, len(traj.response_ids)))
-            if len(prompt_ids) + len(traj.response_ids) >= limits.max_sequence_length:
-                traj.stop_reason, overlong = "length", True
+            if not await run.turn(turn):
                 break
     finally:
-        _end_session(engine, session_id)
-    return _finish(traj, turns, overlong)
+        _end_session(engine, run.session_id)  # the engine kept this episode's cache between turns
+    return episode.finish(run.overlong)
+
+
+def _count_thinking(traj: Trajectory, chat: ChatTokenizer, sampled: list[int]) -> None:
+    tags = think_token_ids(chat.tokenizer)
+    if tags is not None:
+        count = float(thinking_token_count(sampled, tags))
+        traj.env_metrics["thinking_tokens"] = traj.env_metrics.get("thinking_tokens", 0.0) + count
 
 
 EnvFactory = Callable[[dict[str, Any]], Env]

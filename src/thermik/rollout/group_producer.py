@@ -36,7 +36,7 @@ class Group:
     @property
     def oldest_version(self) -> int:
         """The oldest weight version behind any sampled token (tokens of observations carry -1)."""
-        versions = [v for t in self.trajectories for v in t.weight_versions if v >= 0]
+        versions = [v for t in self.trajectories for v in t.all_weight_versions if v >= 0]
         return min(versions, default=self.start_version)
 
 

@@ -25,7 +25,7 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         f"pass@{n}": fmean(float(max(g) >= SUCCESS_THRESHOLD) for g in groups.values()),
         "groups/zero_std_frac": fmean(float(max(g) == min(g)) for g in groups.values()),
         "response_length/mean": fmean(t.num_generated_tokens for t in trajs),
-        "sequence_length/max": float(max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)),
+        "sequence_length/max": float(max(len(s.prompt_ids) + len(s.response_ids) for t in trajs for s in t.samples)),
         "num_turns/mean": fmean(t.num_turns for t in trajs),
         "tools/calls": calls / len(trajs),
         "tools/failure_rate": failures / calls if calls else 0.0,
@@ -34,6 +34,13 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         "time/llm_per_episode": fmean(t.timings["llm"] for t in trajs),
         "time/env_per_episode": fmean(t.timings["env"] for t in trajs),
     }
+    if any("thinking_tokens" in t.env_metrics for t in trajs):
+        thinking = sum(t.env_metrics.get("thinking_tokens", 0.0) for t in trajs)
+        out["thinking/tokens_per_turn"] = thinking / max(sum(t.num_turns for t in trajs), 1)
+    out["step_wise/samples_per_episode"] = fmean(len(t.samples) for t in trajs)
+    for key in ("context_drops", "context_summaries"):
+        if any(key in t.env_metrics for t in trajs):
+            out[f"context/{key.removeprefix('context_')}"] = fmean(t.env_metrics.get(key, 0.0) for t in trajs)
     for env, rs in by_env.items():
         out[f"reward/{env}/mean"] = fmean(rs)
     return out

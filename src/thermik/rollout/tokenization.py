@@ -42,8 +42,10 @@ def fallback_tools_text(tools: list[dict[str, Any]], tool_format: str) -> str:
 class ChatTokenizer:
     """Wraps an HF tokenizer with a chat template; every method returns token ids, never text to re-tokenize."""
 
-    def __init__(self, tokenizer: Any, tool_format: str = "hermes") -> None:
+    def __init__(self, tokenizer: Any, tool_format: str = "hermes", enable_thinking: bool | None = None) -> None:
         self.tokenizer = tokenizer
+        # model.enable_thinking, passed to the template (Qwen3-style templates read it); None passes nothing.
+        self._template_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         if tool_format not in FALLBACK_CALL_INSTRUCTIONS:
             raise ValueError(f"unknown tool format {tool_format!r}; valid: {', '.join(FALLBACK_CALL_INSTRUCTIONS)}")
         self.tool_format = tool_format
@@ -74,7 +76,7 @@ class ChatTokenizer:
 
     def _render(self, messages: list[Message], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **self._template_kwargs
         )
 
     def render(

@@ -36,15 +36,30 @@ class Trajectory:
     """Per turn (start, end_sampled, end_observation) offsets into response_ids, for the prefix check."""
     messages: list[dict[str, Any]] = field(default_factory=list)
     """The conversation as text, for dumps and debugging only (never re-tokenized)."""
+    continuations: list[Trajectory] = field(default_factory=list)
+    """Step-wise samples after this one, in order: each starts where the episode's next prompt stopped extending the
+    tokens before it (rollout.step_wise). They carry only token fields, turn_spans and group_id; the episode's
+    stop reason, turns, metrics, timings and messages live on this first sample (docs/algorithms.md)."""
+
+    @property
+    def samples(self) -> list[Trajectory]:
+        """The episode's training samples: this one, then its continuations."""
+        return [self, *self.continuations]
 
     @property
     def reward(self) -> float:
-        return float(sum(self.rewards))
+        """The episode's return: every sample's rewards."""
+        return float(sum(self.rewards) + sum(sum(c.rewards) for c in self.continuations))
 
     @property
     def num_generated_tokens(self) -> int:
-        """Sampled tokens, counted even when an overlong sample's loss mask was zeroed."""
-        return sum(end_sampled - start for start, end_sampled, _ in self.turn_spans)
+        """Sampled tokens of the whole episode, counted even when an overlong sample's loss mask was zeroed."""
+        return sum(end_sampled - start for s in self.samples for start, end_sampled, _ in s.turn_spans)
+
+    @property
+    def all_weight_versions(self) -> list[int]:
+        """Weight versions of every sample's tokens (observation tokens carry -1)."""
+        return [v for s in self.samples for v in s.weight_versions]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

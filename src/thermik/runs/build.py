@@ -68,7 +68,8 @@ def open_run(
     if load_policy:
         policy, chat = components.load_policy(cfg.model, cfg.lora if lora else None, tool_format)
     else:
-        policy, chat = None, ChatTokenizer(load_tokenizer(cfg.model.path, cfg.model.chat_template), tool_format)
+        tokenizer = load_tokenizer(cfg.model.path, cfg.model.chat_template)
+        policy, chat = None, ChatTokenizer(tokenizer, tool_format, cfg.model.enable_thinking)
     logger = (
         MetricsLogger(out_dir, cfg.monitor.tensorboard, cfg.monitor.wandb_project, cfg.monitor.wandb_mode)
         if rl

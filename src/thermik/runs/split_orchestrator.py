@@ -173,7 +173,7 @@ def staleness(orch: OrchestratorMode, step: int, trajs: list[Trajectory]) -> lis
     """Per trajectory: step minus the trainer step of the oldest weights behind any of its sampled tokens."""
     out = []
     for t in trajs:
-        versions = {v for v in t.weight_versions if v >= 0}
+        versions = {v for v in t.all_weight_versions if v >= 0}
         unknown = versions - orch.step_of_version.keys()
         if unknown:
             raise RuntimeError(

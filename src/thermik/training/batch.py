@@ -29,6 +29,7 @@ class TokenBatch:
     values: torch.Tensor | None = None  # [B, L-1] critic values before the update (advantage gae)
     returns: torch.Tensor | None = None  # [B, L-1] GAE returns, the critic's regression targets
     prompt_lens: torch.Tensor | None = None  # [B] prompt tokens of each row (rows of a group share them)
+    episode_ids: torch.Tensor | None = None  # [B] the episode of each row (an episode's step-wise samples share it)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -42,16 +43,18 @@ class TokenBatch:
 
 
 def collate(trajs: list[Trajectory], seq_adv: torch.Tensor | None, pad_id: int) -> TokenBatch:
-    """seq_adv [B]: one advantage per trajectory, broadcast to its sampled tokens; None leaves adv at 0 for
-    an estimator that works on the token rewards (see `training/shaping.assign_advantages`)."""
-    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
-    b, width = len(trajs), max(lengths)
+    """One row per training sample: each episode's samples (`Trajectory.samples`, rollout.step_wise) in order, with
+    the episode's group id and its index in `trajs` as episode id. seq_adv [len(trajs)]: one advantage per episode,
+    broadcast to its sampled tokens; None leaves adv at 0 for `training/shaping.assign_advantages` to fill."""
+    rows = [(e, s) for e, t in enumerate(trajs) for s in t.samples]
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for _, s in rows]
+    b, width = len(rows), max(lengths)
     input_ids = torch.full((b, width), pad_id, dtype=torch.long)
     attention = torch.zeros((b, width), dtype=torch.long)
     mask = torch.zeros((b, width - 1))
     rollout_logp = torch.zeros((b, width - 1))
     token_rewards = torch.zeros((b, width - 1))
-    for i, t in enumerate(trajs):
+    for i, (_, t) in enumerate(rows):
         seq = t.prompt_ids + t.response_ids
         input_ids[i, : len(seq)] = torch.tensor(seq)
         attention[i, : len(seq)] = 1
@@ -60,9 +63,10 @@ def collate(trajs: list[Trajectory], seq_adv: torch.Tensor | None, pad_id: int) 
         rollout_logp[i, p - 1 : p - 1 + r] = torch.tensor(t.rollout_logprobs, dtype=torch.float32)
         if t.rewards:
             token_rewards[i, p - 1 : p - 1 + r] = torch.tensor(t.rewards, dtype=torch.float32)
-    adv = torch.zeros_like(mask) if seq_adv is None else broadcast_to_tokens(seq_adv.to(torch.float32), mask)
-    group_ids = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
-    prompt_lens = torch.tensor([len(t.prompt_ids) for t in trajs], dtype=torch.long)
+    episode_ids = torch.tensor([e for e, _ in rows], dtype=torch.long)
+    adv = torch.zeros_like(mask)
+    if seq_adv is not None:
+        adv = broadcast_to_tokens(seq_adv.to(torch.float32)[episode_ids], mask)
     return TokenBatch(
         input_ids,
         attention,
@@ -70,8 +74,9 @@ def collate(trajs: list[Trajectory], seq_adv: torch.Tensor | None, pad_id: int) 
         rollout_logp,
         adv,
         token_rewards=token_rewards,
-        group_ids=group_ids,
-        prompt_lens=prompt_lens,
+        group_ids=torch.tensor([trajs[e].group_id for e, _ in rows], dtype=torch.long),
+        prompt_lens=torch.tensor([len(s.prompt_ids) for _, s in rows], dtype=torch.long),
+        episode_ids=episode_ids,
     )
 
 

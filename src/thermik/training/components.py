@@ -38,7 +38,7 @@ def load_policy(
     model = load_model(cfg.path, dtype=cfg.dtype, device=cfg.device)
     if lora is not None and lora.enabled:
         model = _lora().apply_lora(model, lora)
-    return model, ChatTokenizer(load_tokenizer(cfg.path, cfg.chat_template), tool_format)
+    return model, ChatTokenizer(load_tokenizer(cfg.path, cfg.chat_template), tool_format, cfg.enable_thinking)
 
 
 def _lora() -> Any:

@@ -14,9 +14,10 @@ from functools import partial
 import torch
 
 from thermik.algorithms import registry
+from thermik.algorithms.episodes import episode_row_weights, has_multi_row_episodes
 from thermik.algorithms.losses import LossParams, Reduction
 from thermik.algorithms.off_policy import OffPolicyParams, off_policy_weights
-from thermik.algorithms.reductions import prompt_weights
+from thermik.algorithms.reductions import prompt_weights, weighted_sequence_mean
 from thermik.config.schema import AlgorithmConfig, TrainerConfig
 from thermik.training.batch import TokenBatch
 
@@ -85,8 +86,11 @@ class LossSetup:
 
 
 def mini_batch_reduction(setup: LossSetup, mini: TokenBatch) -> Callable[[int, int], Reduction]:
-    """The reduction for rows [start, end) of `mini`, bound to counts of the whole mini-batch."""
+    """The reduction for rows [start, end) of `mini`, bound to counts of the whole mini-batch. Where an episode
+    trains as several rows, the per-sequence reductions count episodes, not rows (docs/algorithms.md)."""
     fn = setup.reduce_fn
+    if setup.reduction != "token_mean" and has_multi_row_episodes(mini.episode_ids):
+        return _episode_reduction(setup, mini)
     if setup.reduction == "token_mean":
         return lambda s, e: partial(fn, normalizer=max(mini.num_tokens, 1))
     if setup.reduction == "prompt_mean":
@@ -97,6 +101,18 @@ def mini_batch_reduction(setup: LossSetup, mini: TokenBatch) -> Callable[[int, i
     if setup.reduction == "seq_mean_token_sum_norm":
         return lambda s, e: partial(fn, num_sequences=len(mini), constant=setup.seq_norm_constant)
     return lambda s, e: partial(fn, num_sequences=len(mini))
+
+
+def _episode_reduction(setup: LossSetup, mini: TokenBatch) -> Callable[[int, int], Reduction]:
+    """sequence_mean / prompt_mean: each episode's token mean (over all its rows), averaged over episodes (or over
+    each prompt's episodes, then prompts); seq_mean_token_sum_norm: token sums / (constant * episodes)."""
+    assert mini.episode_ids is not None
+    if setup.reduction == "seq_mean_token_sum_norm":
+        episodes = len(torch.unique(mini.episode_ids))
+        return lambda s, e: partial(setup.reduce_fn, num_sequences=episodes, constant=setup.seq_norm_constant)
+    per_prompt = setup.reduction == "prompt_mean"
+    weights = episode_row_weights(mini.episode_ids, mini.mask.sum(dim=-1), mini.group_ids, per_prompt=per_prompt)
+    return lambda s, e: partial(weighted_sequence_mean, seq_weights=weights[s:e])
 
 
 def _weighted(reduce: Reduction, weight: torch.Tensor) -> Reduction:

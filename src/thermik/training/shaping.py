@@ -10,6 +10,7 @@ import torch
 
 from thermik.algorithms import registry
 from thermik.algorithms.advantages import AdvantageContext, to_tokens
+from thermik.algorithms.episodes import episode_index, episode_totals, has_multi_row_episodes, returns_to_go
 from thermik.algorithms.gae import gae_advantages_and_returns
 from thermik.algorithms.kl import kl_reward_penalty
 from thermik.algorithms.shaping import length_penalty, overlong_penalty, zero_variance_rows
@@ -45,6 +46,51 @@ def shaped_token_rewards(
     return token_rewards, {"reward/shaping_mean": float(extra.mean())} if len(batch) else {}
 
 
+TOKEN_LEVEL_ESTIMATORS = frozenset({"reinforce_pp", "reinforce_pp_baseline", "gae"})
+"""Estimators that read the token rewards of every row; the others score each row (outcome estimators)."""
+
+
+def step_rewards(
+    batch: TokenBatch, token_rewards: torch.Tensor, rule: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(row returns [B], token rewards [B, L-1], the episode's first rows [E] or None) under `algorithm.step_rewards`
+    when an episode trains as several rows: 'episode' scores every row with its episode's return (placed on the
+    row's last sampled token), 'per-step' with the env rewards from the row's first turn to the episode's end.
+    Outcome estimators then run on each episode's first row only, so groups are counted in episodes."""
+    row_returns = token_rewards.sum(dim=-1)
+    if not has_multi_row_episodes(batch.episode_ids):
+        return row_returns, token_rewards, None
+    assert batch.episode_ids is not None
+    index, first = episode_index(batch.episode_ids)
+    if rule == "episode":
+        scores = episode_totals(row_returns, index)[index]
+        token_rewards = torch.zeros_like(token_rewards)
+    else:
+        scores = returns_to_go(row_returns, batch.episode_ids)
+        token_rewards = token_rewards.clone()
+    rows, cols = _last_mask_token(batch.mask)
+    token_rewards[rows, cols] += (scores - (0 if rule == "episode" else row_returns))[rows]
+    return scores, token_rewards, first if rule == "episode" else None
+
+
+def _estimate(
+    alg: AlgorithmConfig, batch: TokenBatch, scores: torch.Tensor, ctx: AdvantageContext, first: torch.Tensor | None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The estimator on every row, or (an outcome estimator, episodes of several rows) on each episode's first
+    row with the episode's sampled length, its advantage then given to every row of the episode."""
+    assert batch.group_ids is not None
+    estimator = registry.get("advantage", alg.advantage)
+    if first is None or alg.advantage in TOKEN_LEVEL_ESTIMATORS:
+        return estimator(scores, batch.group_ids, alg.std_eps, ctx=ctx)
+    assert batch.episode_ids is not None
+    index, _ = episode_index(batch.episode_ids)
+    lengths = episode_totals(batch.mask.sum(dim=-1), index)
+    token_rewards = None if ctx.token_rewards is None else ctx.token_rewards[first]
+    sub = AdvantageContext(batch.mask[first], token_rewards, None, lengths, alg.gamma, alg.lam)
+    adv, metrics = estimator(scores[first], batch.group_ids[first], alg.std_eps, ctx=sub)
+    return adv[index], metrics
+
+
 def assign_advantages(
     batch: TokenBatch,
     alg: AlgorithmConfig,
@@ -58,22 +104,24 @@ def assign_advantages(
 
     ref_logp: reference logprobs when alg.kl_mode == "reward" (the KL, estimated on the rollout logprobs,
     is subtracted from the token rewards); values: critic values [B, L-1] for gae, kept in batch.values with the
-    GAE returns (the critic's targets, from the same shaped token rewards) in batch.returns.
+    GAE returns (the critic's targets, from the same shaped token rewards) in batch.returns. An episode of several
+    rows (step-wise samples) is scored by `step_rewards`.
     """
     assert batch.token_rewards is not None and batch.group_ids is not None, "collate sets token_rewards/group_ids"
-    raw = batch.token_rewards.sum(dim=-1)
+    raw, _, _ = step_rewards(batch, batch.token_rewards, alg.step_rewards)
     token_rewards, metrics = shaped_token_rewards(batch, alg, max_response_length)
+    scores, token_rewards, first = step_rewards(batch, token_rewards, alg.step_rewards)
     if ref_logp is not None:
         kl = registry.get("kl", alg.kl_estimator)(batch.rollout_logp, ref_logp)
         token_rewards = kl_reward_penalty(token_rewards, kl, batch.mask, kl_coef)
+        scores = token_rewards.sum(dim=-1)
         metrics["policy/kl"] = float((kl * batch.mask).sum()) / max(batch.num_tokens, 1)
     if alg.zero_variance_mask:
         flat = zero_variance_rows(raw, batch.group_ids)
         batch.mask = batch.mask * (~flat).to(batch.mask.dtype)[:, None]
         metrics["batch/zero_variance_frac"] = float(flat.float().mean()) if len(batch) else 0.0
     ctx = AdvantageContext(mask=batch.mask, token_rewards=token_rewards, values=values, gamma=alg.gamma, lam=alg.lam)
-    estimator = registry.get("advantage", alg.advantage)
-    adv, adv_metrics = estimator(token_rewards.sum(dim=-1), batch.group_ids, alg.std_eps, ctx=ctx)
+    adv, adv_metrics = _estimate(alg, batch, scores, ctx, first)
     batch.adv = to_tokens(adv.to(torch.float32), batch.mask)
     if values is not None:
         batch.values = values
