@@ -198,8 +198,8 @@ def test_qwen3_thinking_episode_keeps_think_tokens_in_history(row):
 
 def test_qwen3_drops_old_thinking_on_re_render_but_the_sequence_keeps_it(row):
     """After a new user message (feedback), Qwen3's template drops earlier <think> content: a fresh rendering is not
-    a continuation of what was sampled. thermik appends ids instead, so the training sequence keeps the tokens the
-    model saw and sampled (docs/models.md); nothing is re-rendered."""
+    a continuation of what was sampled. The observation delta (SFT's encoding) keeps the sampled thinking; the agent
+    loop starts a new step-wise sample there instead (tests/test_step_wise.py, docs/algorithms.md)."""
     chat = make_chat("qwen3")
     first = THINK + "<answer>1</answer>"
     feedback = [{"role": "user", "content": "Wrong, try again."}]

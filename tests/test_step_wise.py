@@ -8,6 +8,7 @@ A Qwen3-style template strips the <think> of assistant turns before the last use
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from real_model import smollm2_dir
@@ -26,12 +27,16 @@ from thermik.tasks.registry import generate_rows, make_env, solve
 from thermik.tools.mcp_pool import MCPPool
 
 needs_real = pytest.mark.skipif(smollm2_dir() is None, reason="no imported SmolLM2 (thermik model import)")
-TINY, REAL = "tiny", "smollm2-real"
+TINY, QWEN3, REAL = "thermik-qwen3-thinking", "qwen3", "smollm2-real"
+KINDS = [TINY, QWEN3, pytest.param(REAL, marks=needs_real)]
+QWEN3_FIXTURE = Path(__file__).parent / "fixtures" / "chat_templates" / "qwen3.jinja"
 
 
 def thinking_chat(kind: str) -> ChatTokenizer:
+    """thermik's preset template on its tiny tokenizer; Qwen3's own template (fixture) on the tiny tokenizer and on
+    SmolLM2's real BPE tokenizer."""
     tok = load_tokenizer(smollm2_dir()) if kind == REAL else build_tokenizer("qwen3-thinking")
-    tok.chat_template = QWEN3_THINKING_TEMPLATE
+    tok.chat_template = QWEN3_THINKING_TEMPLATE if kind == TINY else QWEN3_FIXTURE.read_text()
     return ChatTokenizer(tok)
 
 
@@ -57,7 +62,7 @@ def sampled_ids(chat: ChatTokenizer, texts: list[str]) -> list[int]:
     return [i for t in texts for i in [*chat.encode(t), chat.eos_id]]
 
 
-@pytest.mark.parametrize("kind", [TINY, pytest.param(REAL, marks=needs_real)])
+@pytest.mark.parametrize("kind", KINDS)
 def test_thinking_template_trains_on_break_with_per_sample_invariants(kind: str) -> None:
     chat = thinking_chat(kind)
     traj, engine = play_feedback(chat, "on-break")
@@ -88,13 +93,13 @@ def test_thinking_template_trains_on_break_with_per_sample_invariants(kind: str)
     }
 
 
-@pytest.mark.parametrize("kind", [TINY, pytest.param(REAL, marks=needs_real)])
+@pytest.mark.parametrize("kind", KINDS)
 def test_off_fails_loudly_on_the_same_episode(kind: str) -> None:
     with pytest.raises(PrefixBreakError, match="step_wise = 'on-break'"):
         play_feedback(thinking_chat(kind), "off")
 
 
-@pytest.mark.parametrize("kind", [TINY, pytest.param(REAL, marks=needs_real)])
+@pytest.mark.parametrize("kind", KINDS)
 def test_always_then_merge_recombines_the_turns_that_extend(kind: str) -> None:
     chat = thinking_chat(kind)
     texts = [*FEEDBACK_TEXTS[:1], "<think>\nagain\n</think>\n\n#### 45", FEEDBACK_TEXTS[1]]
@@ -157,7 +162,7 @@ def test_thinking_never_reaches_the_tool_parser_and_is_counted() -> None:
     assert metrics["step_wise/samples_per_episode"] == 1.0
 
 
-@pytest.mark.parametrize("kind", [TINY, pytest.param(REAL, marks=needs_real)])
+@pytest.mark.parametrize("kind", KINDS)
 def test_no_break_on_break_equals_off(kind: str) -> None:
     chat = thinking_chat(kind)
     on_break, engine = play_calculator(chat, "on-break")

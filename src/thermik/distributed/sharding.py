@@ -36,8 +36,12 @@ def _split_evenly(start: int, end: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _normalizer(batch: TokenBatch, reduction: str) -> float:
-    """The denominator policy_update uses for one mini-batch (see training/loss.py, mini_batch_reduction)."""
-    return float(max(batch.num_tokens, 1)) if reduction == "token_mean" else float(len(batch))
+    """The denominator policy_update uses for one mini-batch (see training/loss.py, mini_batch_reduction): tokens,
+    or sequences, counted in episodes where an episode trains as several rows (rollout.step_wise; an episode cut
+    between two ranks is weighed by each rank's share of it: such a step is close to, not equal to, one process's)."""
+    if reduction == "token_mean":
+        return float(max(batch.num_tokens, 1))
+    return float(len(torch.unique(batch.episode_ids)) if batch.episode_ids is not None else len(batch))
 
 
 def _concat(pieces: list[TokenBatch]) -> TokenBatch:

@@ -18,10 +18,10 @@ def _turn_tokens(traj: Trajectory, chat: ChatTokenizer | None) -> list[dict[str,
     if chat is None:
         return []
     out = []
-    for start, end, _ in traj.turn_spans:
-        ids = traj.response_ids[start:end]
-        tokens = [chat.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
-        out.append({"tokens": tokens, "logprobs": [round(x, 4) for x in traj.rollout_logprobs[start:end]]})
+    for sample in traj.samples:  # step-wise samples in order (docs/algorithms.md)
+        for start, end, _ in sample.turn_spans:
+            tokens = [chat.tokenizer.decode([i], skip_special_tokens=False) for i in sample.response_ids[start:end]]
+            out.append({"tokens": tokens, "logprobs": [round(x, 4) for x in sample.rollout_logprobs[start:end]]})
     return out
 
 
