@@ -12,15 +12,33 @@ from types import ModuleType
 
 import pytest
 
-from thermik.cpu.precision import NO_BF16_ENV
+from thermik.cpu.isa import ISA_ENV, capabilities, torch_environment
+
+# THERMIK_CPU_ISA=avx2 (or another level) runs the suite as on that CPU: PyTorch's and oneDNN's dispatch too, which
+# must be set before torch is imported.
+for _name, _value in torch_environment().items():
+    os.environ.setdefault(_name, _value)
+
+from thermik.cpu.precision import AUTO_PRECISION_ENV  # noqa: E402  (imports torch)
 
 TINY_PRESET = "qwen2-1m"
 
 # The suite computes in float32 on every CPU. The default precision ("auto") is bfloat16 on a CPU with AVX512-BF16 or
 # AMX and float32 elsewhere, and the suite's assertions on tiny models (1e-4 logprob parity, seeded learning curves)
-# are float32 facts. The bfloat16 paths have their own tests: they ask for bfloat16 by name, or clear this variable
-# to check what "auto" picks (tests/test_bf16_engine.py, tests/test_bf16_trainer.py).
-os.environ[NO_BF16_ENV] = "1"
+# are float32 facts. The bfloat16 paths have their own tests: they ask for bfloat16 by name (skipped where the CPU
+# cannot run it: `needs_bf16`), or clear this variable to check what "auto" picks (tests/test_bf16_*.py).
+os.environ[AUTO_PRECISION_ENV] = "float32"
+KEPT_VARIABLES = (AUTO_PRECISION_ENV, ISA_ENV)  # passed on to `thermik` subprocesses
+
+_caps = capabilities()
+needs_bf16 = pytest.mark.skipif(
+    not _caps.bf16_runs,
+    reason=f"needs a CPU whose bfloat16 ops run (avx512f/bw/vl/dq or avx_ne_convert); this CPU is {_caps.describe()}",
+)
+needs_native_bf16 = pytest.mark.skipif(
+    not _caps.bf16_native,
+    reason=f"needs native bfloat16 dot products (avx512_bf16 or amx); this CPU is {_caps.describe()}",
+)
 
 
 @pytest.fixture(scope="session")
@@ -32,9 +50,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """os.environ without a developer's THERMIK_* variables (they would change the config; the float32 pin above
-    stays), plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("THERMIK_") or k == NO_BF16_ENV}
+    """os.environ without a developer's THERMIK_* variables (they would change the config; the float32 pin and the
+    simulated CPU above stay), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("THERMIK_") or k in KEPT_VARIABLES}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.update(extra)
     return env

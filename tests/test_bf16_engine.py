@@ -11,8 +11,9 @@ import torch
 from test_embedded_engine import PAD, PROMPTS, tiny_model
 from transformers import PreTrainedModel
 
+from tests.conftest import needs_bf16
+from thermik.cpu import isa, precision
 from thermik.cpu import kernels as cpu_kernels
-from thermik.cpu import precision
 from thermik.inference.base import SamplingParams
 from thermik.inference.embedded import EmbeddedEngine, embedded_engine
 from thermik.inference.native_model import NativeCausalLM
@@ -48,6 +49,7 @@ def engine_and_references(arch: str) -> tuple[list[torch.Tensor], list[torch.Ten
     return [torch.cat(x) for x in (ours, ref16, ref32)] + [top]  # type: ignore[return-value]
 
 
+@needs_bf16
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
 def test_bf16_logprobs_match_transformers_bf16_forward(arch: str) -> None:
     """Tolerance from bfloat16's precision. Each rounding to bfloat16 has relative error at most u = 2^-8. Both
@@ -66,6 +68,7 @@ def test_bf16_logprobs_match_transformers_bf16_forward(arch: str) -> None:
     assert (ours - ref32).abs().mean() <= 1.5 * (ref16 - ref32).abs().mean()
 
 
+@needs_bf16
 @needs_kernels
 def test_bf16_rms_norm_kernel_rounds_like_transformers() -> None:
     x, w = torch.randn(7, 96).bfloat16(), torch.randn(96).bfloat16()
@@ -74,6 +77,7 @@ def test_bf16_rms_norm_kernel_rounds_like_transformers() -> None:
     assert torch.equal(kernels.rms_norm(x, w, 1e-6), ref)
 
 
+@needs_bf16
 @needs_kernels
 @pytest.mark.parametrize(("dim", "group"), [(16, 3), (64, 3), (64, 5), (128, 1), (128, 8)])
 def test_bf16_decode_attention_matches_float32_softmax(dim: int, group: int) -> None:
@@ -92,6 +96,7 @@ def test_bf16_decode_attention_matches_float32_softmax(dim: int, group: int) -> 
         torch.testing.assert_close(out[b].float(), ref, atol=1e-5, rtol=U)
 
 
+@needs_bf16
 @needs_kernels
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
 def test_bf16_fused_decode_step_is_close_to_the_pytorch_path(arch: str) -> None:
@@ -111,6 +116,7 @@ def test_bf16_fused_decode_step_is_close_to_the_pytorch_path(arch: str) -> None:
     torch.testing.assert_close(logits[0], logits[1], atol=8 * U * scale, rtol=0)
 
 
+@needs_bf16
 @needs_kernels
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
 def test_bf16_prefill_through_the_kernels_matches_the_padded_forward(arch: str) -> None:
@@ -140,6 +146,7 @@ def test_bf16_prefill_through_the_kernels_matches_the_padded_forward(arch: str) 
     assert torch.equal(again, logits[0][:4])
 
 
+@needs_bf16
 def test_bf16_engine_follows_weight_updates() -> None:
     """A float32 state dict pushed into a bfloat16 engine is cast, and the prepacked weights are refreshed."""
     other = tiny_model("qwen2", seed=1)
@@ -153,26 +160,26 @@ def test_bf16_engine_follows_weight_updates() -> None:
     assert after.logprobs == fresh.logprobs
 
 
-def test_auto_precision_is_float32_without_cpu_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(precision.NO_BF16_ENV, "1")
+def test_auto_precision_is_float32_when_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(precision.AUTO_PRECISION_ENV, "float32")
     dtype, reason = precision.resolve_precision("auto", torch.float32, torch.device("cpu"))
-    assert dtype == torch.float32 and precision.NO_BF16_ENV in reason
+    assert dtype == torch.float32 and precision.AUTO_PRECISION_ENV in reason
     model = tiny_model("llama")
     engine = embedded_engine(model, precision="auto", eos_token_ids=[], pad_token_id=PAD)
     assert engine.native.dtype == torch.float32 and engine.native.kernels is kernels
 
 
-def test_auto_precision_reads_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    monkeypatch.delenv(precision.NO_BF16_ENV, raising=False)
-    assert precision.cpu_bf16_flags("flags\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n") == [
-        "amx_bf16",
-        "avx512_bf16",
-    ]
-    assert precision.cpu_bf16_flags("flags\t: fpu avx2 fma\n") == []
-    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ["avx512_bf16"])
-    model = precision.apply_precision(tiny_model("qwen2"), "auto")
-    assert next(model.parameters()).dtype == torch.bfloat16
-    assert "thermik embedded engine: bfloat16 (the CPU reports avx512_bf16)" in capsys.readouterr().err
+def test_auto_precision_follows_the_cpu_level(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """ "auto" is bfloat16 exactly where the probe reports native bfloat16 dot products, float32 elsewhere."""
+    monkeypatch.delenv(precision.AUTO_PRECISION_ENV, raising=False)
+    for level, expected in (("avx2", torch.float32), ("avx512", torch.float32), ("avx512_bf16", torch.bfloat16)):
+        caps = isa.CpuCapabilities(level=level, real_level="amx", flags=frozenset(), machine="x86_64")
+        monkeypatch.setattr(precision, "capabilities", lambda caps=caps: caps)
+        model = precision.apply_precision(tiny_model("qwen2"), "auto")
+        assert next(model.parameters()).dtype == expected, level
+        assert f"thermik embedded engine: {str(expected).removeprefix('torch.')} (the CPU is {level} (simulated" in (
+            capsys.readouterr().err
+        )
 
 
 def test_precision_names() -> None:

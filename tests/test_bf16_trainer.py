@@ -20,7 +20,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from thermik.config.schema import AlgorithmConfig, ModelConfig, OptimizerConfig, TrainerConfig
-from thermik.cpu.precision import NO_BF16_ENV, cpu_bf16_flags
+from thermik.cpu.isa import capabilities
+from thermik.cpu.precision import AUTO_PRECISION_ENV
 from thermik.models.presets import init_model
 from thermik.training.batch import TokenBatch
 from thermik.training.loss import LossSetup, micro_batch_loss, mini_batch_reduction
@@ -169,12 +170,12 @@ def test_precision_config_and_auto(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_train_precision("bf16-mixed", cpu)[0] is BF16
     assert resolve_train_precision("auto", cpu, "bfloat16") == (None, "train_precision 'auto' with model.dtype "
                                                                 "'bfloat16' trains in bfloat16")  # fmt: skip
-    monkeypatch.setenv(NO_BF16_ENV, "1")
+    monkeypatch.setenv(AUTO_PRECISION_ENV, "float32")
     dtype, reason = resolve_train_precision("auto", cpu)
-    assert dtype is None and NO_BF16_ENV in reason
-    monkeypatch.delenv(NO_BF16_ENV)
+    assert dtype is None and AUTO_PRECISION_ENV in reason
+    monkeypatch.delenv(AUTO_PRECISION_ENV)
     dtype, reason = resolve_train_precision("auto", cpu)
-    assert (dtype is BF16) == bool(cpu_bf16_flags()), reason
+    assert (dtype is BF16) == capabilities().bf16_native, reason
     with pytest.raises(ValueError, match="valid precisions: float32, bf16-mixed, auto"):
         resolve_train_precision("fp8", cpu)
 
@@ -210,20 +211,20 @@ def test_default_run_is_bf16_on_a_bf16_cpu(
     from thermik.data.dataset import write_rows
     from thermik.tasks.registry import generate_rows
 
-    monkeypatch.delenv(NO_BF16_ENV)
-    flags = cpu_bf16_flags()
-    if not flags:
-        pytest.skip("this CPU reports neither AMX-BF16 nor AVX512-BF16: 'auto' is float32 (tested above)")
+    monkeypatch.delenv(AUTO_PRECISION_ENV)
+    caps = capabilities()
+    if not caps.bf16_native:
+        pytest.skip(f"needs avx512_bf16 or amx ('auto' is float32 on this CPU, {caps.describe()}: tested above)")
     write_rows(tmp_path / "train.jsonl", generate_rows("reverse_text", 16, 0, split="train"))
     res = run_thermik(
         "rl", "--model.path", str(tiny_model_dir), "--env.name", "reverse_text", "--env.max_turns", "1",
         "--data.train_path", str(tmp_path / "train.jsonl"), "--rollout.max_generate_length", "8",
         "--trainer.steps", "2", "--trainer.prompts_per_step", "2", "--trainer.group_size", "4",
         "--eval.before", "false", "--eval.size", "2", "--monitor.progress", "false", "--output_dir", str(tmp_path),
-        "--name", "default", timeout=300, **{NO_BF16_ENV: "0"},
+        "--name", "default", timeout=300, **{AUTO_PRECISION_ENV: ""},
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
-    reason = f"the CPU reports {' and '.join(flags)}"
+    reason = f"the CPU is {caps.describe()}: native bfloat16 dot products"
     assert f"thermik trainer: bf16-mixed ({reason})" in res.stderr
     assert f"thermik embedded engine: bfloat16 ({reason})" in res.stderr
     rows = [json.loads(line) for line in (tmp_path / "default" / "metrics.jsonl").read_text().splitlines()]

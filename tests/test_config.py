@@ -87,9 +87,9 @@ def test_unknown_key_in_toml_and_env(tmp_path: Path) -> None:
 
 
 def test_runtime_switches_are_not_config_keys() -> None:
-    """THERMIK_CPU_KERNELS and THERMIK_CPU_NO_BF16 are read by the engine at run time; a config built beside them
-    is the default one (they once failed every command as unknown keys)."""
-    env = {"THERMIK_CPU_KERNELS": "0", "THERMIK_CPU_NO_BF16": "1"}
+    """THERMIK_CPU_KERNELS, THERMIK_CPU_ISA and THERMIK_AUTO_PRECISION are read at run time; a config built beside
+    them is the default one."""
+    env = {"THERMIK_CPU_KERNELS": "0", "THERMIK_CPU_ISA": "avx2", "THERMIK_AUTO_PRECISION": "float32"}
     assert load_config(RunConfig, [], env) == load_config(RunConfig, [], {})
 
 

@@ -153,13 +153,14 @@ def test_release_thread_pool_ends_the_callers_openmp_workers() -> None:
     """A thread that ran a parallel op owns OpenMP workers; releasing ends them, and torch still works after."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one CPU: torch runs no OpenMP workers to release")
-    a = torch.randn(512, 512)
+    a, big = torch.randn(512, 512), torch.randn(1 << 22)
     counts: dict[str, int] = {}
     threads = torch.get_num_threads()  # other tests may have left torch at one thread
     torch.set_num_threads(2)
 
     def worker() -> None:  # a fresh thread, so no other test's pool is involved
-        a @ a
+        # at::parallel_for runs on OpenMP on every CPU; a BLAS product alone may not (it depends on the CPU's BLAS path)
+        a @ a, big.exp()
         counts["with pool"] = _threads()
         assert release_thread_pool()
         counts["released"] = _threads()
@@ -181,11 +182,12 @@ def test_to_thread_releasing_leaves_no_openmp_workers_behind() -> None:
     steps after the first update)."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one CPU: torch runs no OpenMP workers to release")
-    a = torch.randn(512, 512)
+    a, big = torch.randn(512, 512), torch.randn(1 << 22)
     threads = torch.get_num_threads()
 
     def product() -> torch.Tensor:
         torch.set_num_threads(2)  # per thread: this worker's ops run on a pool of two
+        big.exp()  # at::parallel_for: an OpenMP pool on every CPU, whatever the BLAS does
         return a @ a
 
     async def counts() -> tuple[torch.Tensor, int, int, int]:

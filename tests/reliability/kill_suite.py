@@ -55,7 +55,7 @@ def _env(marker: Path) -> dict[str, str]:
     """The runs' environment. float32 everywhere: a resumed run equals an uninterrupted one bit for bit in float32; a
     bfloat16 run (the default on a bf16 CPU) resumed after kills was measured 9e-4 away in the weights."""
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("THERMIK_")}
-    env["THERMIK_CPU_NO_BF16"] = "1"
+    env["THERMIK_AUTO_PRECISION"] = "float32"
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env | {"RELIABILITY_MARKER": str(marker), "TOKENIZERS_PARALLELISM": "false"}
 

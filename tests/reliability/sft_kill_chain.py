@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ["THERMIK_CPU_NO_BF16"] = "1"  # float32: resume is bit-exact (kill_suite.py says why)
+os.environ["THERMIK_AUTO_PRECISION"] = "float32"  # float32: resume is bit-exact (kill_suite.py says why)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from kill_suite import corrupt_checkpoints, latest_step

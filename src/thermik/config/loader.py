@@ -27,9 +27,9 @@ from pydantic_core import to_jsonable_python
 M = TypeVar("M", bound=BaseModel)
 
 ENV_PREFIX = "THERMIK_"
-# THERMIK_* switches read at run time, not config keys: the CPU kernels (cpu/kernels.py) and the simulated
-# CPU without bfloat16 (cpu/precision.py).
-RUNTIME_VARIABLES = frozenset({"THERMIK_CPU_KERNELS", "THERMIK_CPU_NO_BF16"})
+# THERMIK_* switches read at run time, not config keys: the CPU kernels (cpu/kernels.py), the simulated CPU
+# (cpu/isa.py) and "auto" pinned to float32 (cpu/precision.py).
+RUNTIME_VARIABLES = frozenset({"THERMIK_CPU_KERNELS", "THERMIK_CPU_ISA", "THERMIK_AUTO_PRECISION"})
 _HELP_FLAGS = ("-h", "--help")
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 

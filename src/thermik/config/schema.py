@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from thermik.cpu.isa import check_bf16
+
 
 class Section(BaseModel):
     """Base for every config section: frozen, unknown keys rejected."""
@@ -51,6 +53,8 @@ class ModelConfig(Section):
                 f"model.train_precision {self.train_precision!r} keeps float32 master weights: set model.dtype "
                 f"'float32' (got {self.dtype!r}), or train_precision 'float32' to train in {self.dtype} directly"
             )
+        if self.train_precision == "bf16-mixed":
+            check_bf16("model.train_precision", self.train_precision, self.device)
         return self
 
 
@@ -599,6 +603,8 @@ class RunConfig(Section):
             )
         if self.distributed.enabled:
             self._check_ray_loop()
+        if self.inference.precision == "bfloat16":
+            check_bf16("inference.precision", self.inference.precision, self.model.device)
         return self
 
     def _check_ray_loop(self) -> None:
@@ -719,4 +725,6 @@ class ServeConfig(Section):
     def _embedded_only(self) -> ServeConfig:
         if self.inference.backend != "embedded":
             raise ValueError("inference.backend must be 'embedded' for `thermik inference` (it serves a local model)")
+        if self.inference.precision == "bfloat16":
+            check_bf16("inference.precision", self.inference.precision, self.model.device)
         return self

@@ -1,17 +1,18 @@
-"""Fused float32 / bfloat16 CPU kernels, compiled on first use: the embedded engine's decode step (kernels/decode.c),
-the vocabulary-sized logprob work shared by the trainer and the engine (kernels/vocab.c, `VocabKernels`), the training
-forward's RMSNorm, RoPE and SwiGLU gate (kernels/train.c, `TrainKernels`) and the weight-checksum guard's hash
-(kernels/checksum.c, `ChecksumKernels`).
+"""Fused float32 / bfloat16 CPU kernels, compiled on first use: the embedded engine's decode step (csrc/decode.c),
+the vocabulary-sized logprob work shared by the trainer and the engine (csrc/vocab.c, `VocabKernels`), the training
+forward's RMSNorm, RoPE and SwiGLU gate (csrc/train.c, `TrainKernels`) and the weight-checksum guard's hash
+(csrc/checksum.c, `ChecksumKernels`).
 
 A decode step of a small model on CPU spends more time dispatching ~20 small PyTorch ops per layer than in
-its matrix products. `kernels/decode.c` does the elementwise work of a layer (RMSNorm, RoPE + KV-cache
-store) in three serial C calls, the way vLLM's CPU backend ships its own kernels. It is built
-with the system C compiler (`cc -O3 -march=native`, about a second) into ~/.cache/thermik/kernels, keyed
-by the source and this machine's CPU, and loaded with ctypes (no PyTorch headers: nothing slow to build).
+its matrix products. `csrc/decode.c` does the elementwise work of a layer (RMSNorm, RoPE + KV-cache
+store) in three serial C calls, the way vLLM's CPU backend ships its own kernels. It is built with the system C
+compiler (`cc -O3 -march=native`, or the simulated level's target: cpu/isa.py; about a second) into
+~/.cache/thermik/kernels, keyed by the source, the flags and this machine's CPU, and loaded with ctypes (no PyTorch
+headers: nothing slow to build).
 
 `load()` / `load_vocab()` return None, after one warning, when no compiler is found or the build fails; the
 callers then use their pure-PyTorch paths. THERMIK_CPU_KERNELS=0 turns the kernels off. The kernels split rows
-over torch's thread count with OpenMP, on torch's own OpenMP runtime (kernels/common.h says why).
+over torch's thread count with OpenMP, on torch's own OpenMP runtime (csrc/common.h says why).
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ from typing import ClassVar, TypeVar
 import torch
 from torch import Tensor
 
+from thermik.cpu.isa import capabilities
+
 KERNELS = Path(__file__).with_name("csrc")  # the C sources
 MAX_HEAD_DIM = 1024  # rope_head's stack buffer in decode.c
 MAX_GROUP_DIM = 4096  # query heads per KV head * head_dim: the bfloat16 attention's stack buffer
 MAX_SAMPLE_VOCAB = 4096 * 256  # vocab.c's sampler keeps a row's 256-token block masses on the stack
 # Not -ffast-math: a library linked with it turns on flush-to-zero for the whole process (denormals read as 0).
 # Reassociation alone lets the sums vectorize.
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros")
-FLAGS += ("-fPIC", "-shared")
+# The target (-march) comes from cpu/isa.py: native, or the simulated level's (x86-64-v3 for avx2).
+FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-fPIC", "-shared")
 OPENMP = "-fopenmp"  # dropped when the compiler lacks it: the kernels then run on the calling thread
 _F, _I, _P = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
 _Binding = TypeVar("_Binding")
@@ -58,13 +61,15 @@ def _cache_dir() -> Path:
     return Path(root) / "thermik" / "kernels"
 
 
-def _build(source: Path, library: Path) -> None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+def build(source: Path, library: Path, march: tuple[str, ...], compiler: str | None = None) -> None:
+    """Compile `source` into the shared library `library` for the target `march` (with OpenMP where the compiler
+    has it). `compiler` defaults to $CC, cc or gcc; a cross compiler builds for another architecture."""
+    compiler = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc/gcc) on PATH")
     library.parent.mkdir(parents=True, exist_ok=True)
     partial = library.with_name(f"{library.name}.{os.getpid()}.tmp")
-    for flags in ((*FLAGS, OPENMP), FLAGS):
+    for flags in ((*FLAGS, *march, OPENMP), (*FLAGS, *march)):
         result = subprocess.run(
             [compiler, *flags, str(source), "-o", str(partial), "-lm"], capture_output=True, text=True
         )
@@ -339,10 +344,11 @@ def compiled(name: str) -> Path:
     """The shared library of kernels/`name`.c (with common.h), built on first use for this CPU and cached."""
     source = KERNELS / f"{name}.c"
     code = source.read_bytes() + (KERNELS / "common.h").read_bytes()
-    build = " ".join((*FLAGS, OPENMP, _cpu_signature(), platform.machine())).encode()
-    library = _cache_dir() / f"{name}-{hashlib.sha256(code + build).hexdigest()[:16]}.so"
+    march = capabilities().march
+    signature = " ".join((*FLAGS, *march, OPENMP, _cpu_signature(), platform.machine())).encode()
+    library = _cache_dir() / f"{name}-{hashlib.sha256(code + signature).hexdigest()[:16]}.so"
     if not library.is_file():
-        _build(source, library)
+        build(source, library, march)
     return library
 
 

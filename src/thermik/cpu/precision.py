@@ -3,18 +3,19 @@
 `resolve_precision(name)` maps a configured name to a torch dtype:
 
 - "model": whatever dtype the model was loaded in;
-- "float32" / "bfloat16": that dtype;
+- "float32" / "bfloat16": that dtype (bfloat16 on a CPU whose bfloat16 ops cannot run is refused when the config is
+  validated: `isa.check_bf16`);
 - "bf16-weights" / "int8": a float32 model whose projections run on weights packed as bfloat16 (float32 arithmetic)
   or as int8 (weight-only, per-group scales, integer products): cpu/gemm.py, docs/inference.md;
-- "auto" (the default): bfloat16 on a CPU that reports AMX-BF16 or AVX512-BF16 (its matrix products then run on oneDNN's
-  bfloat16 kernels, ~4x float32's rate here: benchmarks/README.md), float32 elsewhere. On a CUDA device "auto"
-  is bfloat16 when the GPU supports it.
+- "auto" (the default): bfloat16 on a CPU with native bfloat16 dot products (AVX512-BF16 or AMX: `isa.py`), float32
+  elsewhere. On a CUDA device "auto" is bfloat16 when the GPU supports it.
 
 `projection_formats(name, dtype, device)` says which projection weight formats the engine chooses from (cpu/gemm.py
 times them when there are several): float32 "auto" on a CPU takes the fastest of PyTorch's BLAS, packed float32 and
 packed bfloat16 weights.
 
-THERMIK_CPU_NO_BF16=1 makes the CPU check answer "no bfloat16 support" (to try "auto" as a CPU without it runs).
+THERMIK_AUTO_PRECISION=float32 makes "auto" pick float32 on any CPU (the test suite sets it, so results do not depend
+on the machine); THERMIK_CPU_ISA simulates a smaller CPU altogether (`isa.py`).
 """
 
 from __future__ import annotations
@@ -22,31 +23,36 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Literal
 
 import torch
 
+from thermik.cpu.isa import capabilities, check_bf16
+
 Precision = Literal["model", "float32", "bfloat16", "bf16-weights", "int8", "auto"]
 PRECISIONS: tuple[str, ...] = ("model", "float32", "bfloat16", "bf16-weights", "int8", "auto")
 PACKED_PRECISIONS = {"bf16-weights": "bf16", "int8": "int8"}  # float32 models, projections on these packed weights
-BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
-NO_BF16_ENV = "THERMIK_CPU_NO_BF16"
+AUTO_PRECISION_ENV = "THERMIK_AUTO_PRECISION"
 
 log = logging.getLogger(__name__)
 
 
-def cpu_bf16_flags(cpuinfo: str | None = None) -> list[str]:
-    """The CPU flags among BF16_CPU_FLAGS that /proc/cpuinfo (or `cpuinfo`) reports; [] when simulated away."""
-    if os.environ.get(NO_BF16_ENV, "0") not in ("", "0"):
-        return []
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return []
-    flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
-    return [f for f in BF16_CPU_FLAGS if f in flags]
+def auto_pinned_to_float32() -> bool:
+    """Whether THERMIK_AUTO_PRECISION pins "auto" to float32; another value fails naming the valid one."""
+    value = os.environ.get(AUTO_PRECISION_ENV, "")
+    if value not in ("", "float32"):
+        raise ValueError(f"{AUTO_PRECISION_ENV}={value!r}: the only value is 'float32' (unset: the CPU decides)")
+    return value == "float32"
+
+
+def cpu_auto_dtype() -> tuple[torch.dtype, str]:
+    """(dtype, reason) that "auto" takes on this CPU."""
+    if auto_pinned_to_float32():
+        return torch.float32, f"{AUTO_PRECISION_ENV}=float32"
+    caps = capabilities()
+    if caps.bf16_native:
+        return torch.bfloat16, f"the CPU is {caps.describe()}: native bfloat16 dot products"
+    return torch.float32, f"the CPU is {caps.describe()}: no native bfloat16 dot products (avx512_bf16 or amx)"
 
 
 def resolve_precision(name: str, model_dtype: torch.dtype, device: torch.device) -> tuple[torch.dtype, str]:
@@ -57,18 +63,19 @@ def resolve_precision(name: str, model_dtype: torch.dtype, device: torch.device)
         return model_dtype, "the model's own dtype (precision 'model')"
     if name in PACKED_PRECISIONS:
         return torch.float32, f"precision {name!r} was asked for (float32 activations, {name} projection weights)"
+    if name == "bfloat16" and device.type == "cpu":
+        check_bf16("inference.precision", name, "cpu")  # a library caller skips the config's check
+        if not capabilities().bf16_native:
+            return (
+                torch.bfloat16,
+                "precision 'bfloat16' was asked for; without avx512_bf16 or amx it is slower than float32",
+            )
     if name != "auto":
         return getattr(torch, name), f"precision {name!r} was asked for"
     if device.type == "cuda":
         ok = torch.cuda.is_bf16_supported()
         return (torch.bfloat16, "the GPU supports bfloat16") if ok else (torch.float32, "the GPU lacks bfloat16")
-    flags = cpu_bf16_flags()
-    if flags:
-        return torch.bfloat16, f"the CPU reports {' and '.join(flags)}"
-    wanted = " nor ".join(BF16_CPU_FLAGS)
-    if os.environ.get(NO_BF16_ENV, "0") not in ("", "0"):
-        return torch.float32, f"{NO_BF16_ENV} simulates a CPU with neither {wanted}"
-    return torch.float32, f"the CPU reports neither {wanted}"
+    return cpu_auto_dtype()
 
 
 def projection_formats(name: str, dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 
 from thermik.cpu import gemm
 from thermik.cpu import kernels as cpu_kernels
+from thermik.cpu.isa import capabilities
 from thermik.inference.kv_cache import SlotKVCache
 from thermik.models.architecture import apply_rope, rms_norm, unsupported_reason
 
@@ -53,11 +54,13 @@ def _fuse(modules: list[torch.nn.Linear], transposed: bool) -> tuple[Tensor, Ten
 
 
 def can_prepack(dtype: torch.dtype, device: torch.device) -> bool:
-    """oneDNN prepacked linear weights: bfloat16 on a CPU build with oneDNN (float32 keeps MKL's `x @ W^T`)."""
+    """oneDNN prepacked linear weights: bfloat16 on a CPU build with oneDNN whose bfloat16 ops run here (cpu/isa.py;
+    oneDNN refuses the reorder elsewhere); float32, or bfloat16 on other CPUs, keeps `x @ W^T`."""
     ops = getattr(torch.ops, "mkldnn", None)
     return (
         dtype == torch.bfloat16
         and device.type == "cpu"
+        and capabilities().bf16_runs
         and torch.backends.mkldnn.is_available()
         and hasattr(ops, "_reorder_linear_weight")
         and hasattr(ops, "_linear_pointwise")

@@ -28,6 +28,13 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     return None
 
 
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The HF model itself: under a PEFT wrapper its base model (whose submodules carry the adapters), else `model`.
+    Recognises the wrapper by its method, so the core path needs no peft (an optional extra)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
 def rms_norm(x: Tensor, norm: torch.nn.Module) -> Tensor:
     """The model's RMSNorm module (Llama/Qwen2/Qwen3: `weight * x / rms(x)`) as one fused op: the HF module's five
     elementwise passes took 2.8x as long forward and backward on a [1533, 576] training batch."""

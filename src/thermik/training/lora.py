@@ -20,12 +20,6 @@ from thermik.config.schema import LoRAConfig
 ADAPTER_NAME = "default"
 
 
-def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    """The HF model itself: under a PEFT wrapper its base model (whose submodules carry the adapters), else `model`."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
-
-
 def apply_lora(model: torch.nn.Module, cfg: LoRAConfig) -> PeftModel:
     """`model` wrapped with fresh adapters (B = 0, so the wrapped model computes exactly what `model` did)."""
     names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from thermik.config.schema import ModelConfig
 from thermik.cpu.precision import resolve_precision
-from thermik.training.lora import unwrapped
+from thermik.models.architecture import unwrapped
 
 TRAIN_PRECISIONS: tuple[str, ...] = ("float32", "bf16-mixed", "auto")
 FLOAT32_HEAD_MAX_SHARE = 0.10  # lm_head_precision "auto": float32 up to this share of the parameters

@@ -26,11 +26,10 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from transformers import PreTrainedModel
 
-from thermik.models.architecture import unsupported_reason
+from thermik.models.architecture import unsupported_reason, unwrapped
 from thermik.training.batch import effective_temperature, logprobs_and_entropy
 from thermik.training.fused_head import embed, head_logprobs
 from thermik.training.fused_ops import gated_mlp, rms_norm_to, rope_heads_first
-from thermik.training.lora import unwrapped
 
 # The packed response rows are padded to a multiple of this: oneDNN's bfloat16 products on other row counts run up
 # to ~30% slower ([1739, 576] x [576, 1536]: 557 GFLOP/s against 811 at 1744 rows; benchmarks/README.md).
