@@ -3,7 +3,7 @@
 Runs the SmolLM2 example's RL half (`examples/smollm2_word_problems/rl.toml`: 8 prompts x 8 samples, word problems
 through the MCP calculator, full fine-tune) for --steps steps in each precision:
 
-- float32: the engine's weights and KV cache in float32 (`cpu.precision = "float32"`) and the trainer in
+- float32: the engine's weights and KV cache in float32 (`inference.precision = "float32"`) and the trainer in
   float32 (`model.train_precision = "float32"`), on this checkout's code;
 - bf16: the engine in bfloat16 and the trainer in bf16-mixed (float32 master weights), the example's setting.
 
@@ -39,8 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = Path("examples") / "smollm2_word_problems" / "rl.toml"
 SETTINGS = {
-    "float32": ["--cpu.precision=float32", "--model.train_precision=float32"],
-    "bf16": ["--cpu.precision=bfloat16", "--model.train_precision=bf16-mixed"],
+    "float32": ["--inference.precision=float32", "--model.train_precision=float32"],
+    "bf16": ["--inference.precision=bfloat16", "--model.train_precision=bf16-mixed"],
 }
 KEYS = ("time/step", "time/generate", "time/train")
 # Each run is a process of its own (no run inherits another's heap), with its revision's thermik first on sys.path.
