@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from thermik.cpu import kernels
+from thermik.cpu.isa import capabilities
 
 PANEL = 16  # output columns per packed panel (gemm.c)
 INT8_GROUP = 64  # inputs per int8 scale: a divisor of every hidden size the presets and SmolLM2 use
@@ -68,17 +69,10 @@ def load() -> GemmKernels | None:
         return None
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return {f for line in info.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
-
-
 def available() -> bool:
-    """The packed kernels run here: the CPU has AVX2 and FMA, and the kernels are on and built."""
-    return {"avx2", "fma"} <= _cpu_flags() and kernels.kernels_enabled() and load() is not None
+    """The packed kernels run here: the CPU (as cpu/isa.py reports it) has AVX2 and FMA, and the kernels are on and
+    built."""
+    return capabilities().has("avx2") and kernels.kernels_enabled() and load() is not None
 
 
 def _threads() -> int:
