@@ -340,6 +340,22 @@ class AlgorithmConfig(Section):
     ref_update_every: int = Field(0, ge=0, description="Refresh the reference every k RL steps (copy or ema).")
     ref_ema_alpha: float = Field(0.1, gt=0, le=1, description="EMA refresh: ref <- (1 - alpha) ref + alpha policy.")
     entropy_coef: float = Field(0.0, description="Weight of the entropy bonus.")
+    # on-policy distillation (docs/algorithms.md)
+    teacher: str = Field(
+        "", description="On-policy distillation: a local HF model directory (a frozen copy in the trainer's process) "
+        "or the root 'http://host:port' of an OpenAI-compatible server whose /v1/completions returns prompt_logprobs "
+        "for token ids (`thermik inference`, vLLM); it must share the student's tokenizer. Empty: off."
+    )  # fmt: skip
+    teacher_mode: Literal["distill", "combined"] = Field(
+        "distill", description="'distill': the advantage of each sampled token is -teacher_coef * (logp - "
+        "teacher_logp) (pure distillation, no environment reward); 'combined': that term is added to the "
+        "environment reward's advantage."
+    )  # fmt: skip
+    teacher_coef: float = Field(1.0, gt=0, description="Weight of the per-token reverse KL to the teacher.")
+    teacher_model: str = Field("", description="Server teacher: model name to request; empty asks /v1/models.")
+    teacher_api_key: str = Field("", description="Server teacher: bearer API key; empty sends none.")
+    teacher_timeout_s: float = Field(120.0, gt=0, description="Server teacher: per-request timeout in seconds.")
+    teacher_concurrency: int = Field(8, ge=1, description="Server teacher: requests in flight at once.")
     # off-policy correction between rollout and trainer logprobs
     off_policy: Literal["none", "tis", "mis"] = Field(
         "none", description="Rollout/trainer mismatch correction: truncated or masked importance sampling."
@@ -616,6 +632,7 @@ class RunConfig(Section):
             "trainer.max_off_policy_steps > 0 (asynchronous training)": self.trainer.max_off_policy_steps > 0,
             "algorithm.kl_mode='reward'": alg.kl_coef > 0 and alg.kl_mode == "reward",
             "algorithm.kl_controller='adaptive'": alg.kl_coef > 0 and alg.kl_controller == "adaptive",
+            "algorithm.teacher (on-policy distillation)": bool(alg.teacher),
         }
         named = [name for name, on in unsupported.items() if on]
         if named:

@@ -250,6 +250,23 @@ class EmbeddedEngine:
             self._version += 1
             return self._version
 
+    async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[tuple[float, int]]:
+        """(logprob, rank) of each token after the first given the tokens before it, at temperature 1 (rank 1 is the
+        most likely token): one forward of the model between two scheduler iterations, never during a weight update.
+        What a teacher returns in on-policy distillation (`/v1/completions` `prompt_logprobs`)."""
+        return await asyncio.to_thread(self._prompt_logprobs, list(token_ids))
+
+    def _prompt_logprobs(self, ids: list[int]) -> list[tuple[float, int]]:
+        if len(ids) > self.native.max_positions:
+            raise ValueError(f"{len(ids)} tokens exceed the model's context of {self.native.max_positions}")
+        tokens = torch.tensor([ids], device=self.device)
+        with self._model_lock, torch.inference_mode():
+            logits = self.model(input_ids=tokens, use_cache=False).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, dim=-1)
+        chosen = logp.gather(1, tokens[0, 1:, None])
+        ranks = (logp > chosen).sum(dim=-1) + 1
+        return list(zip(chosen[:, 0].tolist(), ranks.tolist(), strict=True))
+
     async def close(self) -> None:
         """Stop serving: running and queued requests end with stop_reason "abort"; new ones are refused."""
         await asyncio.to_thread(self._stop_thread)

@@ -29,7 +29,8 @@ from thermik.training.critic import Critic
 from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer
 from thermik.training.precision import autocast_dtype
-from thermik.training.shaping import assign_advantages
+from thermik.training.shaping import apply_distillation, assign_advantages
+from thermik.training.teacher import Teacher, build_teacher
 from thermik.training.update import logprobs_no_grad, policy_update
 
 CRITIC_DIR = "critic"  # inside a checkpoint directory: critic weights and optimizer
@@ -51,6 +52,7 @@ class Learner:
     start_step: int = 0
     update_threads: int = 0  # torch threads of the update thread; 0 inherits
     autocast: torch.dtype | None = None  # model.train_precision resolved once (training/precision.py)
+    teacher: Teacher | None = None  # algorithm.teacher: on-policy distillation (training/teacher.py)
 
 
 def build_learner(cfg: RunConfig, policy: torch.nn.Module, chat: ChatTokenizer, update_threads: int = 0) -> Learner:
@@ -69,6 +71,7 @@ def build_learner(cfg: RunConfig, policy: torch.nn.Module, chat: ChatTokenizer, 
         critic=_build_critic(cfg),
         update_threads=update_threads,
         autocast=autocast,
+        teacher=build_teacher(cfg.algorithm, cfg.trainer, chat, autocast, cfg.model.device),
     )
 
 
@@ -149,6 +152,10 @@ async def train_on_batch(
         kl_coef=learner.algo.kl.value,
         values=values,
     )
+    if learner.teacher is not None:  # on-policy distillation: the teacher scores every sampled token
+        t_teacher = time.perf_counter()
+        adv_metrics |= apply_distillation(batch, await learner.teacher.logprobs(batch), alg)
+        adv_metrics["time/teacher"] = time.perf_counter() - t_teacher
     # Policy (and critic) update on exactly the sampled token ids, in a thread: async rollouts and tool calls go on
     # meanwhile; then KL controller, health checks, reference refresh.
     t0 = time.perf_counter()

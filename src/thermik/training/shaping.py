@@ -10,6 +10,7 @@ import torch
 
 from thermik.algorithms import registry
 from thermik.algorithms.advantages import AdvantageContext, to_tokens
+from thermik.algorithms.distill import reverse_kl_advantage
 from thermik.algorithms.episodes import episode_index, episode_totals, has_multi_row_episodes, returns_to_go
 from thermik.algorithms.gae import gae_advantages_and_returns
 from thermik.algorithms.kl import kl_reward_penalty
@@ -127,3 +128,17 @@ def assign_advantages(
         batch.values = values
         _, batch.returns = gae_advantages_and_returns(token_rewards, values, batch.mask, alg.gamma, alg.lam)
     return {**metrics, **{k: float(v) for k, v in adv_metrics.items()}}
+
+
+DISTILL_MODES = {
+    "distill": lambda env_adv, distill_adv: distill_adv,  # pure distillation: the environment reward is not used
+    "combined": lambda env_adv, distill_adv: env_adv + distill_adv,
+}
+
+
+def apply_distillation(batch: TokenBatch, teacher_logp: torch.Tensor, alg: AlgorithmConfig) -> dict[str, float]:
+    """Fold the per-token reverse KL to the teacher into batch.adv (after `assign_advantages`), per
+    `alg.teacher_mode`; the student's logprobs are the rollout's (the sampling policy). Returns teacher/* metrics."""
+    distill_adv, metrics = reverse_kl_advantage(batch.rollout_logp, teacher_logp, batch.mask, alg.teacher_coef)
+    batch.adv = DISTILL_MODES[alg.teacher_mode](batch.adv, distill_adv)
+    return metrics

@@ -156,6 +156,25 @@ class OpenAIServer:
             self._check_ids(ids, "prompt")
         return prompts
 
+    async def _prompt_logprobs(self, prompts: list[list[int]]) -> list[list[dict[str, Any] | None]]:
+        """vLLM's prompt_logprobs of each prompt: None for the first token, then {"<id>": {logprob, rank,
+        decoded_token}}."""
+        score = getattr(self.engine, "prompt_logprobs", None)
+        if score is None:
+            raise ApiError(400, "this server's engine cannot score prompts: drop prompt_logprobs", "prompt_logprobs")
+        try:
+            results = await asyncio.gather(*(score(p) for p in prompts))
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "prompt") from exc
+        return [
+            [None]
+            + [
+                {str(t): {"logprob": lp, "rank": rank, "decoded_token": self.tokenizer.decode([t])}}
+                for t, (lp, rank) in zip(p[1:], scores, strict=True)
+            ]
+            for p, scores in zip(prompts, results, strict=True)
+        ]
+
     async def completions(self, body: CompletionRequest) -> Any:
         prompts = self._completion_prompts(body.prompt)
         top = body.logprobs or 0
@@ -167,6 +186,8 @@ class OpenAIServer:
             return None if body.logprobs is None else outputs.completion_logprobs(c, self.detok, top, as_ids, span)
 
         if body.stream:
+            if body.prompt_logprobs is not None:
+                raise ApiError(400, "prompt_logprobs is not available with stream: send stream=false", "stream")
             requests = self._requests(prompts, body, body.max_tokens, top, "max_tokens", "prompt")
             sources, streams = await self._open_streams(requests, body, None)
 
@@ -186,6 +207,7 @@ class OpenAIServer:
             usage = _stream_usage(body, prompts)
             return _sse(streaming.event_stream(head, sources, streams, [], entry, final, usage))
 
+        scored = await self._prompt_logprobs(prompts) if body.prompt_logprobs is not None else None
         choices = await self._generate(prompts, body, body.max_tokens, top, "max_tokens", "prompt")
         use = outputs.usage(prompts, choices)
 
@@ -193,6 +215,8 @@ class OpenAIServer:
             out = {"index": c.index, "text": c.text, "logprobs": logprobs(c), "finish_reason": c.finish_reason}
             if body.return_token_ids:
                 out |= {"prompt_token_ids": c.prompt_ids, "token_ids": c.token_ids, "weight_version": c.weight_version}
+            if scored is not None:
+                out["prompt_logprobs"] = scored[c.index // body.n]
             return out
 
         return {**head, "choices": [choice(c) for c in choices], "usage": use}

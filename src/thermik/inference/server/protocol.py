@@ -155,6 +155,12 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: Literal[False] = Field(False, description="Not implemented: only false is accepted.")
+    prompt_logprobs: int | None = Field(
+        None, ge=0, le=0,
+        description="vLLM extension: 0 returns each choice's prompt_logprobs, the logprob of every prompt token after "
+        "the first given those before it (temperature 1), as [null, {\"<id>\": {\"logprob\", \"rank\", "
+        "\"decoded_token\"}}, ...]; the teacher's scores in on-policy distillation. Not with stream.",
+    )  # fmt: skip
     suffix: None = Field(None, description="Not implemented.")
     best_of: int | None = Field(None, ge=1, le=1, description="Not implemented: only 1 is accepted.")
 
