@@ -99,3 +99,13 @@ def test_sequence_mean_by_hand() -> None:
     assert value.item() == pytest.approx((3.0 + 6.5 + 9.5) / 3)
     weights = episode_row_weights(split.episode_ids, split.mask.sum(dim=-1))
     assert weights.tolist() == pytest.approx([3 / 5 / 3, 2 / 5 / 3, 1 / 3, 1 / 3])
+
+
+def test_a_rewriting_context_policy_needs_step_wise_samples() -> None:
+    from pydantic import ValidationError
+
+    from thermik.config.schema import RolloutConfig
+
+    with pytest.raises(ValidationError, match=r"rollout\.step_wise 'on-break'"):
+        RolloutConfig(step_wise="off", context="summarise")
+    assert RolloutConfig().step_wise == "on-break" and RolloutConfig().context == "truncate-episode"

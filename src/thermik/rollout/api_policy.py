@@ -14,13 +14,15 @@ from typing import Any
 from thermik.config.schema import PolicyConfig, SamplingConfig
 from thermik.envs.base import Env, Message
 from thermik.rollout.agent_loop import EnvFactory, LoopLimits, PromptTooLongError
+from thermik.rollout.thinking import split_thinking
 from thermik.rollout.trajectory import Trajectory
 from thermik.tools.parsers import TOOL_CALL_FORMATTERS
 
 
 def _action_text(message: Any, tool_parser: str) -> tuple[str, list[dict[str, Any]]]:
-    """(the turn as text in the env's tool-call format, the calls as chat messages carry them)."""
-    parts = [message.content or ""]
+    """(the turn as text in the env's tool-call format, the calls as chat messages carry them); thinking in the content
+    (`<think>...</think>`) never reaches the env."""
+    parts = [split_thinking(message.content or "")[1]]
     calls = []
     for call in message.tool_calls or []:
         try:
