@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from real_model import smollm2_dir
-from test_rollout import ScriptedEngine, calc_env
+from test_rollout import ScriptedEngine, play, solved_texts
 
 from thermik.config.schema import EnvConfig, SamplingConfig
 from thermik.models.chat_template import QWEN3_THINKING_TEMPLATE
@@ -23,8 +23,7 @@ from thermik.rollout.metrics import rollout_metrics
 from thermik.rollout.step_wise import PrefixBreakError, merge_samples
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import Trajectory
-from thermik.tasks.registry import generate_rows, make_env, solve
-from thermik.tools.mcp_pool import MCPPool
+from thermik.tasks.registry import generate_rows, make_env
 
 needs_real = pytest.mark.skipif(smollm2_dir() is None, reason="no imported SmolLM2 (thermik model import)")
 TINY, QWEN3, REAL = "thermik-qwen3-thinking", "qwen3", "smollm2-real"
@@ -125,36 +124,15 @@ def play_calculator(chat: ChatTokenizer, mode: str, think: str = "<think>\nadd t
     """A solved calculator episode whose turns think first: tool results are not user queries, so nothing is
     stripped and the prefix holds."""
     row = generate_rows("calculator", 1, seed=3, split="eval")[0]
-    engine = ScriptedEngine(chat, [think + m["content"] for m in solve(row) if m["role"] == "assistant"])
-
-    async def go():
-        pool = MCPPool()
-        try:
-            limits = LoopLimits(4, 1024, 128, 2048, step_wise=mode)
-            return await run_episode(engine, calc_env(row, pool), chat, row["prompt"], limits, SamplingConfig())
-        finally:
-            await pool.aclose()
-
-    return asyncio.run(go()), engine
+    return play(chat, row, [think + t for t in solved_texts(row)], LoopLimits(4, 1024, 128, 2048, step_wise=mode))
 
 
 def test_thinking_never_reaches_the_tool_parser_and_is_counted() -> None:
     chat = thinking_chat(TINY)
     row = generate_rows("calculator", 1, seed=3, split="eval")[0]
-    call = next(m["content"] for m in solve(row) if m["role"] == "assistant")
+    call = solved_texts(row)[0]
     texts = [f"<think>\n{call}\n</think>\n\n<answer>0</answer>"]  # a tool call written while thinking
-    engine = ScriptedEngine(chat, texts)
-
-    async def go():
-        pool = MCPPool()
-        try:
-            return await run_episode(
-                engine, calc_env(row, pool), chat, row["prompt"], LoopLimits(2, 1024, 128, 2048), SamplingConfig()
-            )
-        finally:
-            await pool.aclose()
-
-    traj = asyncio.run(go())
+    traj, _ = play(chat, row, texts, LoopLimits(2, 1024, 128, 2048))
     assert traj.env_metrics.get("tool_calls", 0) == 0 and traj.stop_reason == "stop"
     assert traj.env_metrics["thinking_tokens"] == len(chat.encode(f"\n{call}\n"))
     metrics = rollout_metrics([traj])
@@ -183,23 +161,12 @@ def play_long_calculator(
 ) -> tuple[Trajectory, ScriptedEngine]:
     """Two tool calls before the answer, on the thermik template: each tool result grows the prompt. A dropped
     result becomes "-" (the calculator's results are a few characters: a longer placeholder would not save room)."""
-    chat = ChatTokenizer(build_tokenizer())
     row = generate_rows("calculator", 1, seed=3, split="eval")[0]
-    call, answer = [m["content"] for m in solve(row) if m["role"] == "assistant"]
-    texts = [call, call, *extra_texts, answer]
-    engine = ScriptedEngine(chat, texts)
+    call, answer = solved_texts(row)
     limits = LoopLimits(
         6, max_input, 128, 900, "on-break", context, context_placeholder="-", summary_request="Summarise."
     )
-
-    async def go():
-        pool = MCPPool()
-        try:
-            return await run_episode(engine, calc_env(row, pool), chat, row["prompt"], limits, SamplingConfig())
-        finally:
-            await pool.aclose()
-
-    return asyncio.run(go()), engine
+    return play(ChatTokenizer(build_tokenizer()), row, [call, call, *extra_texts, answer], limits)
 
 
 def prompt_lengths() -> tuple[int, int]:
@@ -211,19 +178,9 @@ def prompt_lengths() -> tuple[int, int]:
 def test_truncate_episode_stops_a_long_episode_at_max_sequence_length() -> None:
     traj, _ = play_long_calculator("truncate-episode", 4096)
     full = len(traj.prompt_ids) + len(traj.response_ids)
-    chat = ChatTokenizer(build_tokenizer())
     row = generate_rows("calculator", 1, seed=3, split="eval")[0]
-    engine = ScriptedEngine(chat, [m["content"] for m in solve(row) if m["role"] == "assistant"][:1] * 4)
-    limits = LoopLimits(6, 4096, 128, full - 40)
-
-    async def go():
-        pool = MCPPool()
-        try:
-            return await run_episode(engine, calc_env(row, pool), chat, row["prompt"], limits, SamplingConfig())
-        finally:
-            await pool.aclose()
-
-    short = asyncio.run(go())
+    calls = solved_texts(row)[:1] * 4
+    short, _ = play(ChatTokenizer(build_tokenizer()), row, calls, LoopLimits(6, 4096, 128, full - 40))
     assert short.stop_reason == "length" and short.env_metrics["overlong"] == 1.0 and sum(short.loss_mask) == 0
 
 
