@@ -462,6 +462,81 @@ class LoRAConfig(Section):
     )
 
 
+DEFAULT_RUBRIC = (
+    "You grade an assistant's answer.\n\nConversation:\n{prompt}\n\nAnswer:\n{response}\n\n"
+    "Reference answer: {ground_truth}\n\nGive a score from 0 (wrong) to 10 (fully correct). "
+    "Reply with one line: Score: <number>"
+)
+
+
+class JudgeConfig(Section):
+    """An LLM judge behind an OpenAI-compatible chat endpoint (rollout/judge.py; docs/algorithms.md)."""
+
+    base_url: str = Field("", description="Server root 'http://host:port' (thermik inference, vLLM, any OpenAI-"
+                          "compatible API; /v1/chat/completions is appended); empty: no judge.")  # fmt: skip
+    model: str = Field("", description="Model name sent with each request.")
+    api_key: str = Field("", description="Bearer API key; empty sends none.")
+    weight: float = Field(1.0, description="Weight of the judge's score in the episode's return.")
+    template: str = Field(
+        DEFAULT_RUBRIC, description="Rubric prompt (a Python format string) with {prompt} and {response} (the "
+        "episode's messages as 'role: content' lines) and {ground_truth} (the row's reward_spec.ground_truth)."
+    )  # fmt: skip
+    score_pattern: str = Field(
+        r"(?i)score\s*[:=]\s*(-?\d+(?:\.\d+)?)", description="Regular expression whose group 1 (else whole "
+        "match) is the score in the judge's reply; the first match counts."
+    )  # fmt: skip
+    max_score: float = Field(10.0, gt=0, description="The score is divided by this; a score outside [0, max] fails.")
+    max_tokens: int = Field(64, ge=1, description="Most tokens of the judge's reply.")
+    temperature: float = Field(0.0, ge=0, description="The judge's sampling temperature.")
+    timeout_s: float = Field(30.0, gt=0, description="Per-request timeout in seconds.")
+    retries: int = Field(2, ge=0, description="Retries after a timeout, a connection error, 408, 429 or 5xx.")
+    retry_backoff_s: float = Field(0.5, ge=0, description="Wait before the first retry, doubled for each next one.")
+    concurrency: int = Field(8, ge=1, description="Requests in flight at once.")
+    failure_value: float = Field(
+        0.0, description="Score of an episode whose judging failed (timeout, server down, error, no score in the "
+        "reply); each failure is counted in judge/failures and judge/<cause>."
+    )  # fmt: skip
+
+    @field_validator("score_pattern")
+    @classmethod
+    def _pattern_compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        return v
+
+    @field_validator("template")
+    @classmethod
+    def _template_fields(cls, v: str) -> str:
+        try:
+            v.format(prompt="", response="", ground_truth="")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(
+                "the template may use only {prompt}, {response} and {ground_truth} (double other braces): "
+                f"{exc!r}"
+            ) from None
+        return v
+
+
+class RewardModelConfig(Section):
+    """A reward model: an HF sequence-classification model with one label (rollout/reward_model.py)."""
+
+    path: str = Field("", description="Local HF model directory (AutoModelForSequenceClassification); empty: none.")
+    weight: float = Field(1.0, description="Weight of its score in the episode's return.")
+    normalize: Literal["none", "sigmoid"] = Field("none", description="Score = the logit, or its sigmoid.")
+    max_length: int = Field(1024, ge=8, description="Inputs are cut to this many tokens from the left.")
+    batch_size: int = Field(8, ge=1, description="Episodes per forward.")
+
+
+class RewardsConfig(Section):
+    """Model-based rewards composed with the environment's: R = env_weight * R_env + sum weight_j * score_j."""
+
+    env_weight: float = Field(1.0, description="Weight of the environment's (rule) reward.")
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="LLM judge with a rubric.")
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig, description="Reward model.")
+
+
 class CheckpointConfig(Section):
     every: int = Field(0, ge=0, description="Save a checkpoint every k steps; 0 saves only at the end.")
     keep: int = Field(2, ge=1, description="Most complete checkpoints kept on disk.")
@@ -588,6 +663,9 @@ class RunConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Trainer.")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model (used by advantage 'gae').")
     lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters on the policy.")
+    rewards: RewardsConfig = Field(
+        default_factory=RewardsConfig, description="LLM judge and reward model, weighted with the env's reward."
+    )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Engine/trainer consistency guards.")

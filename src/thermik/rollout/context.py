@@ -19,6 +19,7 @@ from thermik.data.sampler import PromptSampler
 from thermik.inference.base import InferenceEngine
 from thermik.rollout.agent_loop import EnvFactory, LoopLimits, rollout_rows
 from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, write_eval, write_records
+from thermik.rollout.model_rewards import ModelRewards
 from thermik.rollout.records import trajectory_record
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import Trajectory
@@ -35,6 +36,7 @@ class RolloutContext:
     sampler: PromptSampler | None  # None: evaluation only
     held_out: list[dict[str, Any]]
     limits: LoopLimits
+    rewards: ModelRewards | None = None  # the judge / reward model of [rewards], folded into the env's rewards
 
 
 async def sample_groups(ctx: RolloutContext, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
@@ -45,24 +47,33 @@ async def sample_groups(ctx: RolloutContext, step: int) -> tuple[list[Trajectory
     want = cfg.trainer.prompts_per_step
     extra_rounds = alg.dynamic_sampling_max_rounds if alg.dynamic_sampling == "filter" else 0
     sampled: list[Trajectory] = []
+    reward_metrics: dict[str, float] = {}
     for r in range(1 + extra_rounds):
         assert ctx.sampler is not None, "sampling training groups needs the training rows"
         rows = ctx.sampler.next_batch(want)
         seed = cfg.seed * 1_000_003 + step * 10_007 + r * 7_919
-        new = await rollout_rows(
-            ctx.engine, ctx.make_env, ctx.chat, rows, cfg.trainer.group_size, ctx.limits, cfg.rollout.sampling, seed
-        )
+        new, reward_metrics = await play_rows(ctx, rows, seed)
         for t in new:
             t.group_id += r * want  # group ids stay unique across rounds
         sampled += new
         if alg.dynamic_sampling == "none" or _groups_with_signal(sampled) >= want:
             break
     if alg.dynamic_sampling == "none":
-        return sampled, sampled, {}
+        return sampled, sampled, reward_metrics
     picks = select_groups(*_rewards_and_groups(sampled), want, alg.dynamic_sampling)
     batch = [dataclasses.replace(sampled[i], group_id=g) for i, g in picks] or sampled[-want * cfg.trainer.group_size :]
     groups = len({g for _, g in picks})
-    return sampled, batch, {"batch/groups_kept": float(groups), "batch/rollout_rounds": float(r + 1)}
+    return sampled, batch, {**reward_metrics, "batch/groups_kept": float(groups), "batch/rollout_rounds": float(r + 1)}
+
+
+async def play_rows(ctx: RolloutContext, rows: list[dict[str, Any]], seed: int) -> tuple[list[Trajectory], dict]:
+    """A group of episodes per row on ctx.engine, with the model rewards of [rewards] folded in (their metrics)."""
+    cfg = ctx.cfg
+    trajs = await rollout_rows(
+        ctx.engine, ctx.make_env, ctx.chat, rows, cfg.trainer.group_size, ctx.limits, cfg.rollout.sampling, seed
+    )
+    metrics = await ctx.rewards.apply(trajs, rows) if ctx.rewards is not None else {}
+    return trajs, metrics
 
 
 def _rewards_and_groups(trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:

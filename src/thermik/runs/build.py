@@ -21,6 +21,7 @@ from thermik.models.loading import load_tokenizer
 from thermik.monitor.metrics import MetricsLogger
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.context import RolloutContext
+from thermik.rollout.model_rewards import build_model_rewards
 from thermik.rollout.tokenization import ChatTokenizer
 from thermik.tools.mcp_pool import MCPPool
 from thermik.training import components
@@ -135,4 +136,5 @@ def _rollout_context(
         sampler=None if train_rows is None else PromptSampler(train_rows, cfg.data.seed),
         held_out=held_out[: cfg.eval.size],
         limits=LoopLimits.from_config(cfg.rollout, cfg.env.max_turns),
+        rewards=build_model_rewards(cfg.rewards),
     )

@@ -15,8 +15,7 @@ import torch
 
 from thermik.config.schema import InferenceConfig, RunConfig
 from thermik.memory import release_freed_memory
-from thermik.rollout.agent_loop import rollout_rows
-from thermik.rollout.context import RolloutContext, evaluate_held_out
+from thermik.rollout.context import RolloutContext, evaluate_held_out, play_rows
 from thermik.rollout.group_producer import GroupProducer
 from thermik.rollout.trajectory import Trajectory
 from thermik.runs.build import Run, build_run
@@ -136,9 +135,7 @@ def _start_producer(ctx: RolloutContext) -> GroupProducer:
 
     async def rollout_group(row: dict[str, Any], index: int) -> list[Trajectory]:
         seed = cfg.seed * 1_000_003 + index * 10_007
-        return await rollout_rows(
-            ctx.engine, ctx.make_env, ctx.chat, [row], cfg.trainer.group_size, ctx.limits, cfg.rollout.sampling, seed
-        )
+        return (await play_rows(ctx, [row], seed))[0]
 
     producer = GroupProducer(
         rollout_group,
