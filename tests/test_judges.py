@@ -72,7 +72,9 @@ def test_scores_parse_cache_and_concurrency_cap():
     with running(_judge_app("Looks right. Score: 8", state, delay_s=0.05)) as url:
         judge = _judge(url, concurrency=2)
         scores, metrics = asyncio.run(judge.score(_episodes(6)))
-        assert scores == [0.8] * 6 and metrics["judge/failures"] == 0 and metrics["judge/score_mean"] == pytest.approx(0.8)
+        assert (
+            scores == [0.8] * 6 and metrics["judge/failures"] == 0 and metrics["judge/score_mean"] == pytest.approx(0.8)
+        )
         assert state["max_in_flight"] <= 2
         assert "reverse w3" in state["prompts"][0] or any("3w" in p for p in state["prompts"])
         again, metrics = asyncio.run(judge.score(_episodes(6)))
@@ -144,6 +146,7 @@ def test_reward_model_scores_final_responses_and_composes_with_the_env_reward(re
     scorer = rewards.scorers[0][2]
     episodes = _episodes(3)
     scores, metrics = asyncio.run(scorer.score(episodes))
+    assert metrics["reward_model/score_mean"] == pytest.approx(sum(scores) / 3)
     alone = [scorer._score([scorer.text(e)])[0] for e in episodes]  # one by one, no padding
     assert scores == pytest.approx(alone, abs=1e-5) and len(set(scores)) == 3
     assert "assistant" in scorer.text(episodes[0]) and "0w" in scorer.text(episodes[0])

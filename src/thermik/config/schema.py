@@ -463,9 +463,8 @@ class LoRAConfig(Section):
 
 
 DEFAULT_RUBRIC = (
-    "You grade an assistant's answer.\n\nConversation:\n{prompt}\n\nAnswer:\n{response}\n\n"
-    "Reference answer: {ground_truth}\n\nGive a score from 0 (wrong) to 10 (fully correct). "
-    "Reply with one line: Score: <number>"
+    "You grade an assistant's answer. Conversation: [{prompt}] Answer: [{response}] Reference answer: "
+    "[{ground_truth}] Give a score from 0 (wrong) to 10 (fully correct). Reply with one line: Score: <number>"
 )
 
 
@@ -482,7 +481,7 @@ class JudgeConfig(Section):
         "episode's messages as 'role: content' lines) and {ground_truth} (the row's reward_spec.ground_truth)."
     )  # fmt: skip
     score_pattern: str = Field(
-        r"(?i)score\s*[:=]\s*(-?\d+(?:\.\d+)?)", description="Regular expression whose group 1 (else whole "
+        "(?i)score *[:=] *(-?[0-9]+(?:[.][0-9]+)?)", description="Regular expression whose group 1 (else whole "
         "match) is the score in the judge's reply; the first match counts."
     )  # fmt: skip
     max_score: float = Field(10.0, gt=0, description="The score is divided by this; a score outside [0, max] fails.")
