@@ -140,6 +140,28 @@ class ReasoningGymConfig(Section):
     answer_tag: str = Field("answer", description="Tag name of extraction 'tag'.")
 
 
+class OpenEnvConfig(Section):
+    """OpenEnv environments: `openenv:pkg.mod:Class` in-process, `openenv+ws://host:port` over its WebSocket."""
+
+    action_field: str = Field(
+        "", description="Action field the model's reply fills; empty: the action schema's single required field, or, "
+        "when it has none or several, the reply is the action as a JSON object."
+    )  # fmt: skip
+    observation_field: str = Field(
+        "", description="Observation field shown to the model as text; empty: all fields (but done, reward, "
+        "metadata) as JSON."
+    )  # fmt: skip
+    observation_role: Literal["user", "tool"] = Field("user", description="Role of the observation messages.")
+    reset: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of reset(); a row's extra_info.reset adds to them."
+    )
+    system_prompt: str = Field(
+        "You act in an environment. Each user message is its observation; reply with your action only.",
+        description="System message of the rows thermik synthesizes for an OpenEnv environment (one per reset seed).",
+    )
+    timeout_s: float = Field(30.0, gt=0, description="Connect, reset and step timeout of a remote environment.")
+
+
 class EnvConfig(Section):
     name: str = Field("calculator", description="Environment name from the registry or a 'pkg.mod:Class' path.")
     max_turns: int = Field(4, ge=1, description="Most assistant turns per episode.")
@@ -153,6 +175,9 @@ class EnvConfig(Section):
     )
     reasoning_gym: ReasoningGymConfig = Field(
         default_factory=ReasoningGymConfig, description="reasoning-gym tasks (env names reasoning_gym:<task>)."
+    )
+    openenv: OpenEnvConfig = Field(
+        default_factory=OpenEnvConfig, description="OpenEnv environments (openenv:pkg.mod:Class, openenv+ws://...)."
     )
     tool_parser: Literal["hermes", "qwen3_coder", "llama3"] = Field(
         "hermes", description="Tool-call text format the model writes (thermik.tools.parsers.TOOL_PARSERS)."

@@ -25,6 +25,8 @@ SKYRL_GYM_PREFIX = "skyrl_gym:"
 PREFIXED_SOURCES: dict[str, str] = {
     SKYRL_GYM_PREFIX: "thermik.envs.skyrl_gym:skyrl_gym_env_class",
     "reasoning_gym:": "thermik.envs.reasoning_gym:reasoning_gym_env_class",
+    "openenv:": "thermik.envs.openenv:openenv_env_class",
+    "openenv+ws://": "thermik.envs.openenv:remote_env_class",
 }
 """Environment ecosystems by name prefix -> "pkg.mod:function" returning the Env class for the rest of the name
 (imported on first use, so an ecosystem's package is needed only when a run names it)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from thermik.config.schema import ReasoningGymConfig
+from thermik.config.schema import EnvConfig
 from thermik.data.split import SPLITS, Split, split_of
 from thermik.envs.base import Message
 from thermik.envs.reasoning_gym import PREFIX, check_task, dataset_config, entry, format_answer, system_prompt
@@ -19,26 +19,29 @@ CANDIDATES_PER_ROW = {"train": 2, "eval": 20}
 per entry of a dataset's size, so the size follows the request."""
 
 
-def reasoning_gym_rows(task: str, n: int, seed: int, split: Split, cfg: ReasoningGymConfig) -> list[dict[str, Any]]:
-    """`n` rows of distinct questions of `split`, deterministic in (task, config, n, seed, split)."""
+def rows(env: str, n: int, seed: int, split: Split, options: EnvConfig) -> list[dict[str, Any]]:
+    """`n` rows of distinct questions of `split` of `reasoning_gym:<task>`, deterministic in (task, config, n, seed,
+    split)."""
+    task = env.removeprefix(PREFIX)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+    cfg = options.reasoning_gym
     check_task(task)
     config = dataset_config(task, cfg)
     size = CANDIDATES_PER_ROW[split] * n + 100
     source = {"task": task, "config": config, "seed": 2 * seed + SPLITS.index(split), "size": size}
     prompt = system_prompt(cfg)
-    rows: dict[str, dict[str, Any]] = {}  # question -> row, in generation order
+    out: dict[str, dict[str, Any]] = {}  # question -> row, in generation order
     for index in range(size):
-        if len(rows) == n:
+        if len(out) == n:
             break
         item = entry({**source, "index": index})
-        if item["question"] in rows or split_of(item["question"]) != split:
+        if item["question"] in out or split_of(item["question"]) != split:
             continue
-        rows[item["question"]] = _row(task, item, {**source, "index": index}, prompt)
-    if len(rows) < n:
-        raise ValueError(f"could only find {len(rows)} distinct {split} questions of reasoning_gym:{task}, asked {n}")
-    return list(rows.values())
+        out[item["question"]] = _row(task, item, {**source, "index": index}, prompt)
+    if len(out) < n:
+        raise ValueError(f"could only find {len(out)} distinct {split} questions of reasoning_gym:{task}, asked {n}")
+    return list(out.values())
 
 
 def _row(task: str, item: dict[str, Any], source: dict[str, Any], prompt: str) -> dict[str, Any]:
@@ -52,7 +55,11 @@ def _row(task: str, item: dict[str, Any], source: dict[str, Any], prompt: str) -
     }
 
 
-def reasoning_gym_solve(row: dict[str, Any], cfg: ReasoningGymConfig) -> list[Message]:
+def check(env: str) -> None:
+    check_task(env.removeprefix(PREFIX))
+
+
+def solve(row: dict[str, Any], options: EnvConfig) -> list[Message]:
     """The prompt, then the task's own answer in the configured format (the SFT target)."""
-    answer = format_answer(str(row["reward_spec"]["ground_truth"]), cfg)
+    answer = format_answer(str(row["reward_spec"]["ground_truth"]), options.reasoning_gym)
     return [*row["prompt"], {"role": "assistant", "content": answer}]

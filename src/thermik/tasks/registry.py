@@ -10,6 +10,7 @@ valid ones.
 from __future__ import annotations
 
 import functools
+import importlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,8 +84,13 @@ TASKS: dict[str, Task] = {
 TASK_ENVS: dict[str, str] = {name: task.env for name, task in TASKS.items() if task.env is not None}
 """The built-in env names -> "pkg.mod:Class", handed to thermik.envs.registry."""
 GENERATORS: dict[str, Generator] = {name: task.generator for name, task in TASKS.items()}
-REASONING_GYM_PREFIX = "reasoning_gym:"
-"""`reasoning_gym:<task>` rows come from reasoning-gym itself (thermik.tasks.reasoning_gym)."""
+PREFIXED_GENERATORS: dict[str, str] = {
+    "reasoning_gym:": "thermik.tasks.reasoning_gym",
+    "openenv:": "thermik.tasks.openenv",
+    "openenv+ws://": "thermik.tasks.openenv",
+}
+"""Environment ecosystems by name prefix -> the module of their rows: `check(env)`, `rows(env, n, seed, split,
+options)` and `solve(row, options)` (imported on first use)."""
 
 
 def make_env(
@@ -120,34 +126,38 @@ def unregister(name: str) -> None:
 
 def _generator(env: str) -> Generator:
     if env not in GENERATORS:
+        prefixed = ", ".join(f"{prefix}<name>" for prefix in PREFIXED_GENERATORS)
         raise ValueError(
-            f"no synthetic generator for environment {env!r}; valid: {', '.join(sorted(GENERATORS))}, "
-            f"{REASONING_GYM_PREFIX}<task>"
+            f"no synthetic generator for environment {env!r}; valid: {', '.join(sorted(GENERATORS))}, {prefixed}"
         )
     return GENERATORS[env]
 
 
-def check_generator(env: str) -> None:
-    """Raise when `env` has no row generator (the error lists the valid names; an unknown reasoning-gym task lists
-    reasoning-gym's)."""
-    if env.startswith(REASONING_GYM_PREFIX):
-        from thermik.envs.reasoning_gym import check_task
+def _prefixed(env: str) -> Any:
+    """The rows module of an ecosystem's env name; None for other names."""
+    for prefix, module in PREFIXED_GENERATORS.items():
+        if env.startswith(prefix):
+            return importlib.import_module(module)
+    return None
 
-        check_task(env.removeprefix(REASONING_GYM_PREFIX))
-    else:
+
+def check_generator(env: str) -> None:
+    """Raise when `env` has no row generator (the error lists the valid names, or an ecosystem's valid names)."""
+    prefixed = _prefixed(env)
+    if prefixed is None:
         _generator(env)
+    else:
+        prefixed.check(env)
 
 
 def generate_rows(
     env: str, n: int, seed: int, split: Split = "train", options: EnvConfig | None = None
 ) -> list[dict[str, Any]]:
-    """`n` distinct problems of `env` from `split`, deterministic in (env, n, seed, split); `options` configures
-    `reasoning_gym:<task>` rows (env.reasoning_gym)."""
-    if env.startswith(REASONING_GYM_PREFIX):
-        from thermik.tasks.reasoning_gym import reasoning_gym_rows
-
-        cfg = (options or EnvConfig()).reasoning_gym
-        return reasoning_gym_rows(env.removeprefix(REASONING_GYM_PREFIX), n, seed, split, cfg)
+    """`n` distinct problems of `env` from `split`, deterministic in (env, n, seed, split); `options` configures an
+    ecosystem's rows (e.g. env.reasoning_gym)."""
+    prefixed = _prefixed(env)
+    if prefixed is not None:
+        return prefixed.rows(env, n, seed, split, options or EnvConfig(name=env))
     generator = _generator(env)
     return [generator.row(problem) for problem in draw_problems(generator.problem, env, n, seed, split)]
 
@@ -155,10 +165,9 @@ def generate_rows(
 def solve(row: dict[str, Any], options: EnvConfig | None = None) -> list[Message]:
     """The full solved conversation: the prompt, then the exact assistant text (and tool results) that earn reward 1
     (for a reasoning-gym row: the task's own answer, which scores below 1 where the task accepts several)."""
-    if row["env_class"].startswith(REASONING_GYM_PREFIX):
-        from thermik.tasks.reasoning_gym import reasoning_gym_solve
-
-        return reasoning_gym_solve(row, (options or EnvConfig()).reasoning_gym)
+    prefixed = _prefixed(row["env_class"])
+    if prefixed is not None:
+        return prefixed.solve(row, options or EnvConfig(name=row["env_class"]))
     return _generator(row["env_class"]).solve(row)
 
 
