@@ -20,9 +20,21 @@ One process, one model: a freshly initialised preset (thermik.models.presets.ini
 Each measurement alternates the two sides `--repeats` times (so background load hits both alike) and reports
 the best run of each; the ratio is ours over the baseline's speed.
 
+Precision: `--precision` builds the engine as `thermik rl` does for `inference.precision` (cpu/precision.py: e.g.
+`auto`, which on a CPU without bfloat16 arithmetic times BLAS against thermik's packed float32 and bfloat16-stored
+weights; `int8`); without it the engine runs the model in `--dtype` on PyTorch's products. `--compare PRECISION`
+adds a second thermik engine to the throughput rows, in the same alternation, with its speed ratio to the first and
+the mean per-token KL(first || second) over the first engine's sampled tokens (teacher-forced through both).
+The throughput rows also print the CPU's float32 FMA peak (a 2048^3 matmul, benchmarks/cpu_peak.py) measured in the
+same run and thermik's fraction of the roofline it allows (peak / FLOPs per token), and whether the run simulates a
+smaller instruction set (THERMIK_CPU_ISA, ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA).
+
     python benchmarks/engine_vs_hf.py --preset qwen2-5m --batch 64 --max-tokens 64
     python benchmarks/engine_vs_hf.py --model /work/models/SmolLM2-135M-Instruct --dtype bfloat16 \
         --max-tokens 128 --single-stream --only throughput
+    THERMIK_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/engine_vs_hf.py \
+        --model /work/models/SmolLM2-135M-Instruct --precision auto --compare int8 --batch 64 --max-tokens 128 \
+        --single-stream --gguf /work/models/SmolLM2-135M-Instruct.Q8_0.gguf --only throughput
 """
 
 from __future__ import annotations
@@ -31,17 +43,21 @@ import argparse
 import asyncio
 import copy
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from cpu_peak import fma_peak, isa_line, peak_line
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from thermik.cpu import gemm
+from thermik.cpu.precision import PRECISIONS, apply_precision, projection_formats
 from thermik.inference.base import SamplingParams
 from thermik.inference.embedded import EmbeddedEngine
-from thermik.inference.native_model import can_prepack
+from thermik.inference.native_model import NativeCausalLM, can_prepack
 from thermik.models.presets import PRESETS, init_model
 
 PAD = 0
@@ -88,25 +104,88 @@ def hf_generate(model: PreTrainedModel, batch: list[list[int]], max_tokens: int)
     assert out.shape[1] == width + max_tokens
 
 
-def throughput_row(model: PreTrainedModel, hf_model: PreTrainedModel, batch: int, args: argparse.Namespace) -> float:
-    """Print transformers vs thermik at `batch` prompts; return thermik's tok/s."""
+def make_engine(model: PreTrainedModel, precision: str | None, batch: int) -> EmbeddedEngine:
+    """The engine on its own copy of `model`: as `inference.precision` builds it, or (None) on the model's dtype and
+    PyTorch's products."""
+    model = copy.deepcopy(model)
+    formats: tuple[str, ...] = ("blas",)
+    if precision is not None:
+        apply_precision(model, precision)
+        param = next(model.parameters())
+        formats = projection_formats(precision, param.dtype, param.device)
+    engine = EmbeddedEngine(model, eos_token_ids=(), pad_token_id=PAD, max_batch_size=batch, weight_formats=formats)
+    times = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in engine.native.format_times.items())
+    print(f"  thermik {precision or 'model dtype'}: projection weights {engine.native.weight_format}" + (
+        f" (timed: {times})" if times else ""))  # fmt: skip
+    return engine
+
+
+def engine_names(args: argparse.Namespace) -> list[str]:
+    names = [f"thermik {args.precision or args.dtype}"]
+    return [*names, f"thermik {args.compare}"] if args.compare else names
+
+
+def throughput_row(model: PreTrainedModel, hf_model: PreTrainedModel, batch: int, args: argparse.Namespace) -> dict:
+    """Print transformers vs thermik (and the --compare engine) at `batch` prompts; return {name: tok/s}."""
     prompt_ids = prompts(batch, args.prompt_tokens, model.config.vocab_size, args.seed)
-    engine = EmbeddedEngine(model, eos_token_ids=(), pad_token_id=PAD, max_batch_size=batch)
+    names = engine_names(args)
+    engines = dict(zip(names, [make_engine(model, p, batch) for p in (args.precision, args.compare)], strict=False))
     params = [SamplingParams(max_tokens=args.max_tokens, temperature=1.0)] * batch
+    sampled: list[list[int]] = []
 
-    def ours() -> None:
-        gens = engine.generate_batch(prompt_ids, params)
-        assert all(len(g.token_ids) == args.max_tokens for g in gens)
+    def run(engine: EmbeddedEngine) -> Callable[[], None]:
+        def ours() -> None:
+            gens = engine.generate_batch(prompt_ids, params)
+            assert all(len(g.token_ids) == args.max_tokens for g in gens)
+            if engine is engines[names[0]]:
+                sampled[:] = [g.token_ids for g in gens]
 
-    hf_side = lambda: hf_generate(hf_model, prompt_ids, args.max_tokens)  # noqa: E731
-    best = best_of(args.repeats, {"transformers generate": hf_side, "thermik": ours})
-    asyncio.run(engine.close())
+        return ours
+
+    sides = {"transformers generate": lambda: hf_generate(hf_model, prompt_ids, args.max_tokens)}
+    sides.update({name: run(e) for name, e in engines.items()})
+    best = best_of(args.repeats, sides)
     tokens = batch * args.max_tokens
-    hf, th = tokens / best["transformers generate"], tokens / best["thermik"]
-    shape = f"batch {batch}, {args.max_tokens} sampled tokens"
-    print(f"throughput ({args.name}, {args.dtype}, {shape}, best of {args.repeats}):")
-    print(f"  transformers generate {hf:8.0f} tok/s   thermik embedded {th:8.0f} tok/s   ratio {th / hf:.2f}x")
-    return th
+    rates = {name: tokens / seconds for name, seconds in best.items()}
+    hf = rates["transformers generate"]
+    print(f"throughput ({args.name}, {args.dtype}, batch {batch}, {args.max_tokens} sampled tokens, best of "
+          f"{args.repeats}):")  # fmt: skip
+    print(f"  transformers generate {hf:8.0f} tok/s")
+    for name in names:
+        print(f"  {name:21s} {rates[name]:8.0f} tok/s   ratio to transformers {rates[name] / hf:.2f}x")
+    if args.compare:
+        print(f"  {names[1]} / {names[0]}: {rates[names[1]] / rates[names[0]]:.2f}x")
+        rows = min(KL_ROWS, batch)
+        kl = mean_token_kl([e.native for e in engines.values()], prompt_ids[:rows], sampled[:rows])
+        print(f"  mean per-token KL({names[0]} || {names[1]}) over {rows} x {args.max_tokens} tokens: {kl:.5f}")
+    for engine in engines.values():
+        asyncio.run(engine.close())
+    return rates
+
+
+KL_ROWS = 8  # sequences teacher-forced through both engines for the KL
+
+
+@torch.inference_mode()
+def mean_token_kl(natives: list[NativeCausalLM], prompt_ids: list[list[int]], tokens: list[list[int]]) -> float:
+    """Mean over tokens of KL(p || q), p and q the next-token distributions of the two forwards on the same
+    sequences (each prompt prefilled into its own slot, then the sampled tokens decoded as one batch)."""
+    logprobs = []
+    for native in natives:
+        cache = native.new_cache(len(prompt_ids), max(map(len, prompt_ids)) + len(tokens[0]))
+        steps = []
+        for slot, prompt in enumerate(prompt_ids):
+            at = torch.tensor([len(prompt) - 1])
+            steps.append(native.forward(torch.tensor([prompt]), torch.tensor([slot]), torch.tensor([0]), at, cache))
+        rows = [torch.cat(steps).log_softmax(-1)]
+        slots, starts = torch.arange(len(prompt_ids)), torch.tensor([len(p) for p in prompt_ids])
+        zero = torch.zeros(len(prompt_ids), dtype=torch.long)
+        for t in range(len(tokens[0]) - 1):
+            step = torch.tensor([[row[t]] for row in tokens])
+            rows.append(native.forward(step, slots, starts + t, zero, cache).log_softmax(-1))
+        logprobs.append(torch.stack(rows))
+    p, q = logprobs
+    return float((p.exp() * (p - q)).sum(-1).mean())
 
 
 def projection_shapes(model: PreTrainedModel) -> list[tuple[str, int, int, int]]:
@@ -126,10 +205,11 @@ def projection_shapes(model: PreTrainedModel) -> list[tuple[str, int, int, int]]
 
 
 def matmul_seconds(rows: int, k: int, n: int, dtype: torch.dtype, repeats: int) -> float:
-    """Time of one `rows x k @ k x n` in `dtype`, plain torch or (bfloat16) oneDNN's prepacked linear, whichever is
-    faster. The calls cycle through copies of the weight filling WEIGHT_BYTES (more than the last-level cache), so
-    weights come from memory as in a decode step, which reads the whole model. Each call is timed alone and the
-    20th percentile is kept: on a shared machine a 2-thread call now and then waits a scheduler tick for a thread."""
+    """Time of one `rows x k @ k x n` in `dtype`: the fastest of plain torch, (bfloat16) oneDNN's prepacked linear and
+    (float32, where they run here) thermik's packed float32 and bfloat16-stored weights. The calls cycle through
+    copies of the weight filling WEIGHT_BYTES (more than the last-level cache), so weights come from memory as in a
+    decode step, which reads the whole model. Each call is timed alone and the 20th percentile is kept: on a shared
+    machine a 2-thread call now and then waits a scheduler tick for a thread."""
     x, size = torch.randn(rows, k).to(dtype), k * n * torch.finfo(dtype).bits // 8
     weights = [torch.randn(n, k).to(dtype) for _ in range(min(256, max(1, -(-WEIGHT_BYTES // size))))]
     plain = [w.t().contiguous() for w in weights]
@@ -137,6 +217,10 @@ def matmul_seconds(rows: int, k: int, n: int, dtype: torch.dtype, repeats: int) 
     if can_prepack(dtype, x.device):
         packed = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
         sides["prepacked"] = lambda i: torch.ops.mkldnn._linear_pointwise(x, packed[i], None, "none", [], "")
+    if dtype == torch.float32 and gemm.available():
+        for fmt in ("float32", "bf16"):
+            kernels = [gemm.Packed(w, fmt) for w in weights]
+            sides[fmt] = lambda i, kernels=kernels: kernels[i](x)
     calls = max(20 * repeats, 2 * len(weights))
     best = float("inf")
     with torch.inference_mode():
@@ -151,8 +235,9 @@ def matmul_seconds(rows: int, k: int, n: int, dtype: torch.dtype, repeats: int) 
     return best
 
 
-def roofline(model: PreTrainedModel, batch: int, args: argparse.Namespace) -> float:
-    """Print the matmul microbenchmark at the model's projection shapes; return the roofline tok/s at `batch`."""
+def roofline(model: PreTrainedModel, batch: int, args: argparse.Namespace) -> tuple[float, float]:
+    """Print the matmul microbenchmark at the model's projection shapes; return (the roofline tok/s at `batch`,
+    FLOPs per token)."""
     dtype = next(model.parameters()).dtype
     step, flops = 0.0, 0.0
     print(f"matmuls of one decode step at batch {batch} ({args.dtype}):")
@@ -163,20 +248,34 @@ def roofline(model: PreTrainedModel, batch: int, args: argparse.Namespace) -> fl
         print(f"  {name:8s} {batch:4d} x {k:5d} @ {k:5d} x {n:6d}  {2 * batch * k * n / seconds / 1e9:7.0f} GFLOP/s")
     rate = batch / step
     print(f"  {flops / batch / 1e9:.3f} GFLOP/token; all matmuls {step * 1e3:.2f} ms/step -> roofline {rate:.0f} tok/s")
-    return rate
+    return rate, flops / batch
 
 
-def llama_cpp_row(args: argparse.Namespace, ours: float) -> None:
-    """llama.cpp on `--gguf` at batch 1, skipped (said so) without llama-cpp-python or a GGUF file."""
+def llama_cpp_rows(args: argparse.Namespace, ours: dict[str, float]) -> None:
+    """llama.cpp on each `--gguf` file at batch 1, skipped (said so) without llama-cpp-python or GGUF files."""
+    if args.llama_cpp_path:
+        sys.path.insert(0, args.llama_cpp_path)
     try:
         from llama_cpp import Llama
     except ImportError:
-        print("  llama.cpp: skipped (llama-cpp-python is not installed)")
+        print("  llama.cpp: skipped (llama-cpp-python is not installed: scripts/build_llama_cpp.sh)")
         return
-    if not args.gguf or not Path(args.gguf).is_file():
+    if not args.gguf:
         print("  llama.cpp: skipped (no --gguf file)")
-        return
-    llm = Llama(model_path=args.gguf, n_ctx=args.prompt_tokens + args.max_tokens + 8, n_threads=torch.get_num_threads(),
+    for gguf in args.gguf:
+        if not Path(gguf).is_file():
+            print(f"  llama.cpp: skipped (no GGUF file at {gguf})")
+            continue
+        rate = llama_cpp_rate(Llama, gguf, args)
+        ratios = "   ".join(
+            f"{name}/llama.cpp {tok_s / rate:.2f}x" for name, tok_s in ours.items() if "thermik" in name
+        )
+        print(f"  llama.cpp {Path(gguf).name}: {rate:8.0f} tok/s   {ratios}")
+
+
+def llama_cpp_rate(llama: type, gguf: str, args: argparse.Namespace) -> float:
+    """llama.cpp's tok/s sampling --max-tokens tokens at batch 1 (best of --repeats)."""
+    llm = llama(model_path=gguf, n_ctx=args.prompt_tokens + args.max_tokens + 8, n_threads=torch.get_num_threads(),
                 verbose=False)  # fmt: skip
     prompt = prompts(1, args.prompt_tokens, llm.n_vocab(), args.seed)[0]
 
@@ -186,20 +285,27 @@ def llama_cpp_row(args: argparse.Namespace, ours: float) -> None:
             if n + 1 >= args.max_tokens:
                 break
 
-    rate = args.max_tokens / best_of(args.repeats, {"llama.cpp": run})["llama.cpp"]
-    print(f"  llama.cpp {rate:8.0f} tok/s   thermik/llama.cpp {ours / rate:.2f}x (target >= 0.6x)")
+    return args.max_tokens / best_of(args.repeats, {"llama.cpp": run})["llama.cpp"]
 
 
 def throughput(model: PreTrainedModel, args: argparse.Namespace) -> None:
     hf_model = copy.deepcopy(model)  # transformers runs on its own weights (the engine re-lays out the model's)
     batches = [args.batch, 1] if args.single_stream and args.batch != 1 else [args.batch]
+    print(isa_line())
+    peak = fma_peak(args.repeats)["peak"]
+    print(peak_line({"peak": peak}))
     for batch in batches:
-        ours = throughput_row(model, hf_model, batch, args)
+        rates = throughput_row(model, hf_model, batch, args)
         if args.roofline:
-            rate = roofline(model, batch, args)
-            print(f"  thermik {ours:.0f} tok/s = {ours / rate:.1%} of the roofline")
+            rate, flops = roofline(model, batch, args)
+            gflop, peak_tok_s = flops / 1e9, peak / flops
+            print(f"  FMA-peak roofline: {peak_tok_s:.0f} tok/s ({peak / 1e9:.0f} GFLOP/s / {gflop:.3f} GFLOP/token)")
+            for name in engine_names(args):
+                share, of_peak = rates[name] / rate, rates[name] / peak_tok_s
+                line = f"{rates[name]:.0f} tok/s: {share:.1%} of matmul roofline, {of_peak:.1%} of FMA peak"
+                print(f"  {name} {line}")
         if batch == 1:
-            llama_cpp_row(args, ours)
+            llama_cpp_rows(args, rates)
 
 
 async def episode(engine: EmbeddedEngine, context: list[int], args: argparse.Namespace, k: int) -> int:
@@ -255,14 +361,17 @@ def weight_update(model: PreTrainedModel, args: argparse.Namespace) -> None:
     print(f"  state_dict copy {base:7.2f} ms   engine.update_weights {ours:7.2f} ms   ratio {ours / base:.2f}x")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="qwen2-5m", choices=sorted(PRESETS))
     parser.add_argument("--model", default="", help="a local HF model directory instead of a fresh --preset")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--single-stream", action="store_true", help="also measure throughput at batch 1")
     parser.add_argument("--no-roofline", dest="roofline", action="store_false", help="skip the matmul roofline")
-    parser.add_argument("--gguf", default="", help="a GGUF file of the same model for the llama.cpp batch-1 row")
+    parser.add_argument("--precision", choices=PRECISIONS, help="build the engine as inference.precision does")
+    parser.add_argument("--compare", choices=PRECISIONS, help="a second thermik engine in this precision")
+    parser.add_argument("--gguf", nargs="*", default=[], help="GGUF files of the same model for llama.cpp rows")
+    parser.add_argument("--llama-cpp-path", default="", help="a directory holding llama_cpp (build_llama_cpp.sh)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=32)
@@ -273,7 +382,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=("throughput", "multi_turn", "weight_update"), nargs="*")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.batch < 1 or args.max_tokens < 1 or args.repeats < 1:
         parser.error("--batch, --max-tokens and --repeats must be >= 1")
     if args.threads:

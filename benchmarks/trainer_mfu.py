@@ -10,6 +10,11 @@ forward in `batch_logprobs`, the loss, backward, clip, optimizer step) on one fi
 Peak: the model's own projections (q, k, v, o, gate, up, down, lm head) timed alone as `x @ W^T` with M = batch * seq
 rows, in bfloat16 and in float32, in the same run; the peak of a dtype is their total FLOPs over their total time.
 
+The float32 FMA peak (a 2048^3 matmul, benchmarks/cpu_peak.py) is measured in the same run too, and each variant's
+share of it printed ("of FMA peak"), with a line saying whether the run simulates a smaller instruction set
+(THERMIK_CPU_ISA, ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA). `--precisions float32` skips bf16-mixed (on a CPU without
+bfloat16 arithmetic it runs ~100x slower).
+
 MFU = FLOPs per token * tokens/s / bf16 peak, with FLOPs per token = 6 N for a full fine-tune and 4 N for LoRA
 (forward 2N + input gradients 2N; the frozen weights get no weight gradient; the adapters' FLOPs are ignored), N = the
 parameters of the matrix products: every Linear of the decoder plus the lm head (embedding lookups are not
@@ -38,6 +43,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from cpu_peak import fma_peak, isa_line, peak_line
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from thermik.config.schema import AlgorithmConfig, LoRAConfig, OptimizerConfig, TrainerConfig
@@ -165,14 +171,16 @@ def run(variants: list[Variant], rounds: int) -> None:
 def report(model: PreTrainedModel, variants: list[Variant], args, peak: dict[str, float]) -> None:
     tokens = args.batch * args.seq
     print(f"\ntrain step on {args.batch} x {args.seq} tokens (policy_update; best of {args.rounds}):")
-    print(f"  {'variant':<17} {'step s':>7} {'tok/s':>8} {'TFLOP/s':>8} {'MFU(bf16 peak)':>15} {'of fp32 peak':>13}")
+    head = f"{'MFU(bf16 peak)':>15} {'of fp32 peak':>13} {'of FMA peak':>12}"
+    print(f"  {'variant':<17} {'step s':>7} {'tok/s':>8} {'TFLOP/s':>8} {head}")
     rates = {}
     for v in variants:
         rate = tokens / v.best_s
         achieved = flops_per_token(model, args.seq, v.lora) * rate
         rates[v.name] = rate
         print(f"  {v.name:<17} {v.best_s:7.2f} {rate:8.0f} {achieved / 1e12:8.3f} "
-              f"{achieved / peak['bfloat16']:14.1%} {achieved / peak['float32']:12.1%}")  # fmt: skip
+              f"{achieved / peak['bfloat16']:14.1%} {achieved / peak['float32']:12.1%} "
+              f"{achieved / peak['fma']:12.1%}")  # fmt: skip
     for kind in ("full", "lora"):
         for base in ("float32", "float32-before"):
             if f"{kind} {base}" in rates and f"{kind} bf16-mixed" in rates:
@@ -194,6 +202,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--before", action="store_true", help="add the full float32 step as main ran it before")
+    parser.add_argument("--precisions", nargs="*", choices=("float32", "bf16-mixed"), default=["float32", "bf16-mixed"])
     args = parser.parse_args(argv)
     if min(args.batch, args.rounds, args.peak_repeats) < 1 or args.seq < 2:
         parser.error("--batch, --rounds and --peak-repeats must be >= 1, --seq >= 2")
@@ -210,10 +219,14 @@ def main(argv: list[str] | None = None) -> list[Variant]:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     name = Path(args.model).name if args.model else args.preset
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {name}")
+    print(isa_line())
     peak = peaks(model, args.batch * args.seq, args.peak_repeats)
+    fma = fma_peak(args.peak_repeats)
+    print(peak_line(fma))
+    peak["fma"] = fma["peak"]
     batch = fixed_batch(args.batch, args.seq, model.config.vocab_size, args.seed)
     kinds = args.only or ["full", "lora"]
-    precisions = [p for p in PRECISIONS if p != "float32-before"]
+    precisions = [p for p in PRECISIONS if p in args.precisions]
     variants = [make_variant(model, kind == "lora", p, batch, args) for kind in kinds for p in precisions]
     if args.before and "full" in kinds:
         variants.append(make_variant(model, False, "float32-before", batch, args))

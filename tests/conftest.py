@@ -76,13 +76,16 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def load_benchmark(name: str) -> Iterator[ModuleType]:
-    """Import benchmarks/<name>.py as module `name` for a fixture to yield (removed from sys.modules after)."""
+    """Import benchmarks/<name>.py as module `name` for a fixture to yield (removed from sys.modules after); the
+    benchmarks' folder is on sys.path meanwhile, as when a benchmark runs as a script (they import each other)."""
+    sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
     spec.loader.exec_module(module)
     yield module
     sys.modules.pop(name, None)
+    sys.path.remove(str(BENCHMARKS))
 
 
 def short_rl_config(

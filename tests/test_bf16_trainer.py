@@ -199,6 +199,7 @@ def test_trainer_mfu_benchmark_runs_all_variants(bench, capsys: pytest.CaptureFi
     assert all(0 < v.best_s < float("inf") for v in variants)
     out = capsys.readouterr().out
     assert "full: bf16-mixed / float32 tokens/s" in out and "lora: bf16-mixed / float32 tokens/s" in out
+    assert "float32 FMA peak (2048^3 matmul" in out and "of FMA peak" in out and "ISA: " in out
     assert "full: bf16-mixed / float32-before tokens/s" in out
 
 
