@@ -441,6 +441,12 @@ class TrainerConfig(Section):
         description="Training forward runs each group's shared prompt once (Qwen2/Qwen3/Llama; same logprobs and "
         "gradients up to float rounding, less compute when prompts are long).",
     )
+    packing: bool = Field(
+        True,
+        description="Where the shared-prompt forward does not apply (shared_prefix off, prompts not shared, another "
+        "architecture), pack a micro-batch's rows together, each attending only to itself, when that takes fewer "
+        "rows than padding (same logprobs up to float rounding; training/packing.py).",
+    )
     max_off_policy_steps: int = Field(
         0,
         ge=0,

@@ -141,7 +141,7 @@ async def train_on_batch(
     temperature = cfg.rollout.sampling.temperature or 1.0
     # Rewards -> shaped rewards (length terms, KL in reward mode) -> critic values (gae) -> advantages.
     reward_kl = learner.ref is not None and alg.kl_mode == "reward"
-    fwd = (cfg.trainer.micro_batch_size, temperature, cfg.trainer.shared_prefix, learner.autocast)
+    fwd = (cfg.trainer.micro_batch_size, temperature, cfg.trainer.shared_prefix, learner.autocast, cfg.trainer.packing)
     ref_logp = logprobs_no_grad(learner.ref, batch, *fwd) if reward_kl else None
     values = None if learner.critic is None else learner.critic.values(batch)
     adv_metrics = assign_advantages(

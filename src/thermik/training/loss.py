@@ -52,6 +52,7 @@ class LossSetup:
     shared_prefix: bool
     max_nonfinite_steps: int
     reduce_fn: Callable[..., torch.Tensor] = field(repr=False)
+    packing: bool = True  # rows packed together where the shared-prompt forward does not apply (training/packing.py)
     autocast: torch.dtype | None = None  # bfloat16: mixed-precision forward (training/precision.py); None: float32
 
     @classmethod
@@ -79,6 +80,7 @@ class LossSetup:
             mini_batches=trainer.mini_batches,
             max_grad_norm=trainer.optimizer.max_grad_norm,
             shared_prefix=trainer.shared_prefix,
+            packing=trainer.packing,
             max_nonfinite_steps=alg.max_nonfinite_steps,
             reduce_fn=registry.get("reduction", alg.reduction),
             autocast=autocast,

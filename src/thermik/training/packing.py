@@ -3,8 +3,8 @@
 Rows are filled first-fit by decreasing length (`pack`). Inside a row every sequence restarts its position ids at 0
 and the attention mask is block-diagonal and causal (`block_causal_bias`), so each sequence's logits equal what
 the model computes on it alone, up to float rounding; the padding a batch of mixed lengths would need is gone
-(benchmarks/packing.py). The mask is an explicit additive [R, 1, L, L] tensor, which the transformers models
-take as is (eager and SDPA attention, CPU and GPU).
+(benchmarks/packing.py). The mask is an explicit [R, 1, L, L] tensor, which the transformers models take as
+is: boolean for SDPA attention, additive for eager (CPU and GPU).
 """
 
 from __future__ import annotations
@@ -57,14 +57,29 @@ def pack(seqs: list[list[int]], max_tokens: int, pad_id: int) -> PackedBatch:
     return PackedBatch(input_ids, positions, segments, tuple(places))
 
 
-def block_causal_bias(segments: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive attention mask [R, 1, L, L]: 0 where query i may see key j (same segment, j <= i), else the dtype's
-    most negative value (not -inf: a row of it would give NaN)."""
+def block_causal_allowed(segments: torch.Tensor) -> torch.Tensor:
+    """[R, 1, L, L] bool: True where query i may see key j (same segment and j <= i)."""
     same = segments[:, :, None] == segments[:, None, :]
-    causal = torch.ones(segments.shape[1], segments.shape[1], dtype=torch.bool).tril()
-    bias = torch.zeros(same.shape, dtype=dtype)
-    bias.masked_fill_(~(same & causal), torch.finfo(dtype).min)
-    return bias[:, None]
+    causal = torch.ones(segments.shape[1], segments.shape[1], dtype=torch.bool, device=segments.device).tril()
+    return (same & causal)[:, None]
+
+
+def block_causal_bias(segments: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive form [R, 1, L, L]: 0 where allowed, else the dtype's most negative value (not -inf: a row of it
+    would give NaN)."""
+    allowed = block_causal_allowed(segments)
+    return torch.zeros(allowed.shape, dtype=dtype, device=segments.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min
+    )
+
+
+def packed_attention_mask(model: torch.nn.Module, segments: torch.Tensor) -> torch.Tensor:
+    """The mask the model's attention takes as is: boolean for SDPA (any query dtype, also under autocast), additive
+    in the parameters' dtype for eager attention (it adds the mask to the scores)."""
+    if getattr(model.config, "_attn_implementation", "eager") == "sdpa":
+        return block_causal_allowed(segments)
+    dtype = next(model.parameters()).dtype
+    return block_causal_bias(segments, dtype if dtype.is_floating_point else torch.float32)
 
 
 def packed_token_logprobs(
@@ -72,13 +87,14 @@ def packed_token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp, entropy) [R, L-1] of each next token of the packed rows; a position whose next token starts another
     sequence holds a value that belongs to no sequence (`unpack` drops it)."""
-    dtype = next(model.parameters()).dtype
-    mask = block_causal_bias(packed.segments, dtype if dtype.is_floating_point else torch.float32)
-    device = packed.input_ids.device
+    device = next(model.parameters()).device
     logits = model(
-        input_ids=packed.input_ids, attention_mask=mask.to(device), position_ids=packed.position_ids, use_cache=False
+        input_ids=packed.input_ids.to(device),
+        attention_mask=packed_attention_mask(model, packed.segments.to(device)),
+        position_ids=packed.position_ids.to(device),
+        use_cache=False,
     ).logits
-    return logprobs_and_entropy(logits, packed.input_ids[:, 1:], temperature, entropy_grad)
+    return logprobs_and_entropy(logits, packed.input_ids[:, 1:].to(device), temperature, entropy_grad)
 
 
 def unpack(values: torch.Tensor, packed: PackedBatch, width: int) -> torch.Tensor:

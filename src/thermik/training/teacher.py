@@ -40,14 +40,11 @@ class LocalTeacher:
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
-        self.micro_batch_size, self.shared_prefix, self.autocast = (
-            trainer.micro_batch_size,
-            trainer.shared_prefix,
-            autocast,
-        )
+        self.trainer, self.autocast = trainer, autocast
 
     async def logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        args = (self.micro_batch_size, 1.0, self.shared_prefix, self.autocast)
+        t = self.trainer
+        args = (t.micro_batch_size, 1.0, t.shared_prefix, self.autocast, t.packing)
         return await asyncio.to_thread(logprobs_no_grad, self.model, batch, *args)
 
 

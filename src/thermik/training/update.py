@@ -16,6 +16,7 @@ import torch
 from thermik.algorithms.health import NonFiniteGuard
 from thermik.training.batch import TokenBatch, token_logprobs
 from thermik.training.loss import LossSetup, MicroMetrics, micro_batch_loss, mini_batch_reduction
+from thermik.training.packing import pack, packed_token_logprobs, unpack
 from thermik.training.precision import train_autocast
 from thermik.training.shared_prefix import token_logprobs_shared
 
@@ -43,10 +44,13 @@ def batch_logprobs(
     shared_prefix: bool = True,
     autocast: torch.dtype | None = None,
     entropy_grad: bool = True,
+    packing: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp, entropy) [B, L-1] of the micro-batch: each shared prompt computed once when `shared_prefix` and the
-    model allow it (equal on the trained positions, `mb.mask`; the others are then 0), else the plain forward.
-    autocast: bfloat16 for mixed precision (training/precision.py); logp and entropy are float32 either way."""
+    model allow it (equal on the trained positions, `mb.mask`; the others are then 0), else, with `packing`, the
+    rows packed together where that takes fewer rows (training/packing.py; 0 after each sequence), else the padded
+    forward. autocast: bfloat16 for mixed precision (training/precision.py); logp and entropy are float32 either
+    way."""
     with train_autocast(model, autocast):
         if shared_prefix and mb.prompt_lens is not None:
             out = token_logprobs_shared(
@@ -54,7 +58,25 @@ def batch_logprobs(
             )
             if out is not None:
                 return out
+        if packing:
+            out = packed_rows_logprobs(model, mb, temperature, entropy_grad)
+            if out is not None:
+                return out
         return token_logprobs(model, mb.input_ids, mb.attention_mask, temperature, entropy_grad)
+
+
+def packed_rows_logprobs(
+    model: torch.nn.Module, mb: TokenBatch, temperature: float, entropy_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(logp, entropy) of the right-padded micro-batch computed on packed rows as wide as its widest row; None when
+    packing would not save a row."""
+    lengths = mb.attention_mask.sum(dim=-1).tolist()
+    width = mb.input_ids.shape[1]
+    packed = pack([mb.input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)], width, pad_id=0)
+    if packed.rows >= len(mb):
+        return None
+    logp, entropy = packed_token_logprobs(model, packed, temperature, entropy_grad)
+    return unpack(logp, packed, width), unpack(entropy, packed, width)
 
 
 @torch.no_grad()
@@ -65,13 +87,14 @@ def logprobs_no_grad(
     temperature: float,
     shared_prefix: bool = True,
     autocast: torch.dtype | None = None,
+    packing: bool = True,
 ) -> torch.Tensor:
     """Per-token logprobs [B, L-1] of `model` on the batch (response positions), micro-batch by micro-batch, in the
     training forward's precision (so a behaviour logprob equals the first mini-batch's logp)."""
     out = torch.zeros_like(batch.mask)
     for start in range(0, len(batch), size):
         mb = batch.slice(start, start + size)
-        out[start : start + size] = batch_logprobs(model, mb, temperature, shared_prefix, autocast)[0]
+        out[start : start + size] = batch_logprobs(model, mb, temperature, shared_prefix, autocast, packing=packing)[0]
     return out
 
 
@@ -143,7 +166,13 @@ def _backward(policy: torch.nn.Module, mini: TokenBatch, setup: LossSetup, acc: 
     mini_loss = 0.0
     for start, mb in micro_batches(mini, setup.micro_batch_size):
         logp, entropy = batch_logprobs(
-            policy, mb, setup.temperature, setup.shared_prefix, setup.autocast, entropy_grad=bool(setup.entropy_coef)
+            policy,
+            mb,
+            setup.temperature,
+            setup.shared_prefix,
+            setup.autocast,
+            entropy_grad=bool(setup.entropy_coef),
+            packing=setup.packing,
         )
         loss, metrics = micro_batch_loss(setup, mb, logp, entropy, reduction(start, start + len(mb)))
         loss.backward()
@@ -175,7 +204,7 @@ def policy_update(
     against the rollout logprobs."""
     policy.train()
     guard = guard or NonFiniteGuard(setup.max_nonfinite_steps)
-    fwd = (setup.micro_batch_size, setup.temperature, setup.shared_prefix, setup.autocast)
+    fwd = (setup.micro_batch_size, setup.temperature, setup.shared_prefix, setup.autocast, setup.packing)
     # With one optimizer step per batch the behaviour policy is the current one: old_logp = logp.detach().
     old_all = batch.rollout_logp if rollout_is_behaviour else None
     if not rollout_is_behaviour and setup.mini_batches > 1:
