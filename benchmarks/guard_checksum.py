@@ -2,7 +2,7 @@
 
 Loads a local HF model (float32: the trainer's tensors, as a sync sends them), builds the embedded engine on a copy
 in `--engine-dtype` (its projections are column slices of fused weights, as after a real sync), and times
-`training.consistency.weight_mismatches` over every tensor, alternately with the kernels on and off
+`assembly.guards.weight_mismatches` over every tensor, alternately with the kernels on and off
 (THERMIK_CPU_KERNELS=0), `--repeats` times; prints the best of each and the ratio.
 
     python benchmarks/guard_checksum.py --model runs/smollm2-sft/model
@@ -17,8 +17,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
+from thermik.assembly.guards import weight_mismatches
 from thermik.inference.embedded import EmbeddedEngine
-from thermik.training.consistency import weight_mismatches
 
 
 def main() -> None:

@@ -50,6 +50,57 @@ def test_every_package_sits_in_a_layer() -> None:
     assert top_level - layered == set(), "place these in [tool.importlinter] layers (pyproject.toml)"
 
 
+# What the training layer may import: it knows batches, not engines, pools or tasks (docs/architecture.md).
+TRAINING_MAY_IMPORT = ("algorithms", "config", "models", "atomic", "memory", "cpu", "training", "rollout.trajectory")
+
+
+def _thermik_imports(path: Path) -> set[str]:
+    """The thermik modules a file imports (at any depth: lazy imports inside functions count), without 'thermik.'."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+    return {name.removeprefix("thermik.") for name in names if name.startswith("thermik.")}
+
+
+def _contract(source: str) -> dict:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["type"] == "forbidden" and c["source_modules"] == [source]]
+    return contract
+
+
+def test_training_imports_only_the_floors_below_assembly() -> None:
+    """training/ imports algorithms, config, models, atomic, memory, cpu and the Trajectory type; the run's assembly
+    (engines, envs, datasets, guards) sits above it in thermik.assembly. The allow-list sees every import, lazy ones
+    too; the import-linter contract says the same to lint-imports."""
+    allowed = tuple(f"{name}." for name in TRAINING_MAY_IMPORT) + TRAINING_MAY_IMPORT
+    found = {
+        f"{path.relative_to(ROOT)}: thermik.{name}"
+        for path in sorted((SRC / "training").rglob("*.py"))
+        for name in _thermik_imports(path)
+        if not (name in TRAINING_MAY_IMPORT or name.startswith(allowed))
+    }
+    assert found == set()
+    forbidden = set(_contract("thermik.training")["forbidden_modules"])
+    layered = {name for name in _layers() if name != "thermik.training"}
+    free = {f"thermik.{name}" for name in TRAINING_MAY_IMPORT if "." not in name}
+    assert layered - free - {"thermik.rollout"} <= forbidden, "the contract must forbid every other package"
+
+
+def test_cpu_package_is_the_ground_floor() -> None:
+    """thermik.cpu (C kernels, their loader, the OpenMP helper, the precision probe) imports no other thermik package,
+    and the layers contract puts it on the lowest floor."""
+    imports = {name for path in (SRC / "cpu").rglob("*.py") for name in _thermik_imports(path)}
+    assert {name for name in imports if not name.startswith("cpu")} == set()
+    forbidden = set(_contract("thermik.cpu")["forbidden_modules"])
+    assert {name for name in _layers() if name != "thermik.cpu"} <= forbidden
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c["layers"] for c in config["contracts"] if c["type"] == "layers"]
+    assert "thermik.cpu" in [name.strip() for name in layers[-1].split("|")]
+
+
 def test_no_function_is_longer_than_the_budget() -> None:
     long = [
         f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"

@@ -18,11 +18,11 @@ from transformers import PreTrainedTokenizerFast
 
 from thermik.config import load_config
 from thermik.config.schema import RunConfig
+from thermik.data.chat_tokenizer import ChatTokenizer, ToolsIgnoredWarning
 from thermik.models.chat_template import with_system_text
 from thermik.models.loading import load_tokenizer
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits
-from thermik.rollout.tokenization import ChatTokenizer, ToolsIgnoredWarning
 from thermik.tasks.calculator.env import CALCULATE_SCHEMA
 from thermik.tasks.registry import generate_rows
 from thermik.tools.parsers import TOOL_CALL_FORMATTERS, format_hermes_tool_call, get_parser
@@ -147,7 +147,7 @@ def test_model_chat_template_overrides_the_model_template(tiny_model_dir, tmp_pa
 
 
 @pytest.mark.parametrize("template", ["smollm2", "qwen2_5", "llama3_1", pytest.param(REAL, marks=needs_real)])
-@pytest.mark.filterwarnings("ignore::thermik.rollout.tokenization.ToolsIgnoredWarning")
+@pytest.mark.filterwarnings("ignore::thermik.data.chat_tokenizer.ToolsIgnoredWarning")
 def test_multi_turn_tool_episode_keeps_the_exact_prefix(template, row):
     """The agent loop's own invariant check passes (it runs inside run_episode), every turn's engine input is a
     prefix of the final sequence, and the accumulated ids equal a fresh render of the whole conversation: the

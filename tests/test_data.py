@@ -11,9 +11,9 @@ import pytest
 from thermik.data.dataset import DatasetError, load_rows, read_jsonl, validate_row, write_jsonl, write_rows
 from thermik.data.problem_key import read_key
 from thermik.data.split import split_of
+from thermik.tasks.calculator.arith import evaluate
 from thermik.tasks.registry import GENERATORS, generate_rows, solve
 from thermik.tasks.word_problems.generate import EXPRESSIONS
-from thermik.tools.arith import evaluate
 from thermik.tools.parsers import format_hermes_tool_call
 
 

@@ -23,12 +23,12 @@ import ray
 from tests.conftest import short_rl_config
 from tests.test_algorithms_rl import letter_env, stopping_model_dir  # noqa: F401  (fixtures, used by name)
 from tests.test_distributed_sharding import make_batch
+from thermik.assembly import components
 from thermik.config.schema import AlgorithmConfig, DistributedConfig, RunConfig, TrainerConfig
 from thermik.distributed.launch import DistributedRun, TrainerWorkerError, start
 from thermik.distributed.sharding import shard_batch
 from thermik.inference.base import SamplingParams
 from thermik.runs import ray as ray_rl
-from thermik.training import components
 from thermik.training.batch import TokenBatch
 from thermik.training.checkpoint import load_training_state
 from thermik.training.loss import LossSetup

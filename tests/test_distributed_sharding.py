@@ -13,11 +13,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from thermik.assembly import components
 from thermik.config.schema import AlgorithmConfig, DistributedConfig, ModelConfig, OptimizerConfig, TrainerConfig
 from thermik.distributed.parallel import ShardScaledPolicy
 from thermik.distributed.placement import plan_placement
 from thermik.distributed.sharding import merge_metrics, shard_batch
-from thermik.training import components
 from thermik.training.batch import TokenBatch
 from thermik.training.loss import LossSetup
 from thermik.training.update import policy_update

@@ -270,9 +270,9 @@ def test_skyrl_gym_names_are_checked():
 
 def test_skyrl_gym_episode_runs_through_thermiks_agent_loop(tiny_model_dir):
     pytest.importorskip("skyrl_gym")
+    from thermik.assembly.components import build_engine, env_factory, load_policy
     from thermik.config.schema import InferenceConfig, ModelConfig, SamplingConfig
     from thermik.rollout.agent_loop import LoopLimits, rollout_rows
-    from thermik.training.components import build_engine, env_factory, load_policy
 
     policy, chat = load_policy(ModelConfig(path=str(tiny_model_dir)))
     engine = build_engine(policy, chat, InferenceConfig())

@@ -14,17 +14,17 @@ import pytest
 import torch
 from conftest import run_thermik
 
+from thermik.assembly.components import env_factory
 from thermik.config.schema import EnvConfig, SamplingConfig
+from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.dataset import write_rows
 from thermik.inference.base import Generation, SamplingParams
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, pass_at_k, summarize
 from thermik.rollout.failures import classify
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.tasks.registry import generate_rows, solve
 from thermik.tools.mcp_pool import MCPPool
-from thermik.training.components import env_factory
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,9 @@ from test_mcp_env import faulty_entry
 from test_rollout import ScriptedEngine
 
 from thermik.config.schema import EnvConfig, SamplingConfig
+from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits, run_episode
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.tasks.registry import make_env
 from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import format_hermes_tool_call as call

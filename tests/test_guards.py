@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import short_rl_config
 
+from thermik.assembly.guards import ConsistencyError, checksum, weight_mismatches
 from thermik.monitor.metrics import read_metrics
 from thermik.runs.local import LocalMode, setup
 from thermik.runs.loop import rl_plan, run_loop
-from thermik.training.consistency import ConsistencyError, checksum, weight_mismatches
 
 TENSOR = "model.layers.0.mlp.down_proj.weight"
 

@@ -163,10 +163,10 @@ def test_reward_model_scores_final_responses_and_composes_with_the_env_reward(re
 def _train_judge(tiny_model_dir, out, rows) -> None:
     """The tiny model fine-tuned to answer every SHORT_RUBRIC prompt with 'Score: 7' (a judge that parses)."""
     from thermik.config.schema import OptimizerConfig
-    from thermik.rollout.tokenization import ChatTokenizer
+    from thermik.data.chat_tokenizer import ChatTokenizer
+    from thermik.data.conversations import encode_all
     from thermik.training.optim import build_optimizer
     from thermik.training.sft import sft_update
-    from thermik.training.sft_data import encode_all
 
     chat = ChatTokenizer(load_tokenizer(tiny_model_dir))
     convs = []

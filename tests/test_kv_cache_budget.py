@@ -215,7 +215,7 @@ def test_a_request_too_big_for_the_budget_fails_naming_the_knob(qwen: PreTrained
 
 
 def test_the_budget_flows_from_the_config_and_defaults_to_a_quarter_of_ram(tiny_model_dir) -> None:
-    from thermik.training import components
+    from thermik.assembly import components
 
     policy, chat = components.load_policy(ModelConfig(path=str(tiny_model_dir)))
     ram = default_budget_bytes(torch.device("cpu"))

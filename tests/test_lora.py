@@ -9,10 +9,10 @@ import torch
 from test_algorithms_rl import letter_env, stopping_model_dir  # noqa: F401  (fixtures, used by name)
 
 from tests.conftest import short_rl_config
+from thermik.assembly import components
 from thermik.config.schema import InferenceConfig, LoRAConfig, ModelConfig, OptimizerConfig
 from thermik.models.loading import load_model
 from thermik.runs.local import run_rl
-from thermik.training import components
 from thermik.training.optim import build_optimizer
 
 peft = pytest.importorskip("peft")

@@ -8,18 +8,18 @@ import os
 import sys
 
 import pytest
+from fixtures.faulty_server import SCRIPT
+from fixtures.faulty_server import server_spec as faulty_server_spec
 from test_rollout import ScriptedEngine
 
 from thermik.config.schema import EnvConfig, SamplingConfig
+from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.envs.mcp_tool_env import MCPToolEnv, episode_reward, sequence_score, values_match
 from thermik.envs.tool_use import ServerTools, function_schema
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits, run_episode
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.tasks.registry import generate_rows, solve
 from thermik.tasks.registry import make_env as make
-from thermik.tools.faulty_server import MODULE
-from thermik.tools.faulty_server import server_spec as faulty_server_spec
 from thermik.tools.local import ToolGroup
 from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import TOOL_CALL_FORMATTERS, ToolCall
@@ -41,7 +41,7 @@ def shout(text: str) -> str:
 def faulty_entry(name: str = "faulty", *args: str, tools: list[str] | None = None) -> dict:
     """A row's server entry for the faulty test server (PYTHONPATH kept for a source checkout)."""
     env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
-    return {"name": name, "command": sys.executable, "args": ["-m", MODULE, *args], "env": env, "tools": tools or []}
+    return {"name": name, "command": sys.executable, "args": [SCRIPT, *args], "env": env, "tools": tools or []}
 
 
 # ---------------------------------------------------------------- reward

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from fixtures.faulty_server import SCRIPT, server_spec
 
-from thermik.tools.faulty_server import MODULE, server_spec
 from thermik.tools.mcp_pool import HttpServerSpec, MCPPool
 
 
@@ -43,7 +43,7 @@ def test_streamable_http_server(tmp_path):
     port = _free_port()
     log = open(tmp_path / "http.log", "w")  # noqa: SIM115 -- closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", MODULE, "--transport", "streamable-http", "--port", str(port)],
+        [sys.executable, SCRIPT, "--transport", "streamable-http", "--port", str(port)],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=os.environ.copy(),
@@ -165,11 +165,17 @@ def test_pool_logs_each_server_under_its_log_dir(tmp_path):
     assert "--- starting MCP server" in paths["first"].read_text()
 
 
+def _with_tests_on_path() -> dict[str, str]:
+    """os.environ with tests/ on PYTHONPATH, so a child process imports fixtures.faulty_server."""
+    tests = str(Path(__file__).resolve().parent)
+    return os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH", "")]))}
+
+
 _ORPHAN_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys, psutil
     from thermik.tools.mcp_pool import MCPPool
-    from thermik.tools.faulty_server import server_spec
+    from fixtures.faulty_server import server_spec
 
     async def main():
         pool = MCPPool()
@@ -186,7 +192,7 @@ _ORPHAN_SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_no_server_survives_a_sigkilled_parent():
     parent = subprocess.Popen(
-        [sys.executable, "-c", _ORPHAN_SCRIPT], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+        [sys.executable, "-c", _ORPHAN_SCRIPT], stdout=subprocess.PIPE, text=True, env=_with_tests_on_path()
     )
     try:
         line = parent.stdout.readline()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import importlib.util
 import json
 import subprocess
 import time
@@ -15,15 +16,19 @@ import pytest
 from test_rollout import ScriptedEngine
 
 from thermik.config.schema import EnvConfig, SamplingConfig
+from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits, run_episode
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.tasks.registry import make_env
 from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import format_hermes_tool_call
-from thermik.tools.venvs import KNOWN_SERVERS, VenvError, ensure_venv, install_command, server_command
 
 VENV_ROOT = Path(__file__).resolve().parents[1] / ".venvs"
+_spec = importlib.util.spec_from_file_location("mcp_venvs", VENV_ROOT.parent / "scripts" / "mcp_venvs.py")
+mcp_venvs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mcp_venvs)
+KNOWN_SERVERS, VenvError, ensure_venv = mcp_venvs.KNOWN_SERVERS, mcp_venvs.VenvError, mcp_venvs.ensure_venv
+install_command, server_command = mcp_venvs.install_command, mcp_venvs.server_command
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,10 @@ import pytest
 from conftest import cli_env, run_thermik, thermik_argv
 from test_evaluation import scripted_calculator_eval
 
+from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.dataset import write_rows
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.evaluation import write_eval
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.tasks.registry import generate_rows, solve
 
 README_SCREENSHOT = os.environ.get("THERMIK_MONITOR_SCREENSHOT", "")  # set to refresh docs/images/monitor.png

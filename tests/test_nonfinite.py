@@ -13,15 +13,13 @@ from test_algorithms_update import _batch
 
 from thermik.algorithms.health import NonFiniteGuard, NonFiniteLossError, nonfinite_entries
 from thermik.models.loading import load_model
-from thermik.models.tokenizer import build_tokenizer
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.training.learner import build_learner, train_on_batch
 
 
 def _learner(tmp_path, model_dir, on_nonfinite: str, max_steps: int = 3):
     algorithm = {"on_nonfinite": on_nonfinite, "max_nonfinite_steps": max_steps, "entropy_coef": 0.01}
     cfg = short_rl_config(tmp_path, model_dir, "nan", "reverse_text", algorithm=algorithm)
-    return build_learner(cfg, load_model(str(model_dir)), ChatTokenizer(build_tokenizer()))
+    return build_learner(cfg, load_model(str(model_dir)))
 
 
 def _params(learner) -> list[torch.Tensor]:

@@ -12,12 +12,12 @@ import torch
 from conftest import cli_env
 
 from thermik.config.schema import LoRAConfig, OptimizerConfig
+from thermik.data.chat_tokenizer import ChatTokenizer
+from thermik.data.conversations import DataOrder, as_conversation, encode_all, load_conversations
 from thermik.models.loading import load_model, load_tokenizer
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.training.optim import build_optimizer
 from thermik.training.packing import block_causal_bias, pack
 from thermik.training.sft import sft_loss, sft_token_logprobs, sft_update
-from thermik.training.sft_data import DataOrder, as_conversation, encode_all, load_conversations
 
 
 def _examples(n: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
@@ -154,7 +154,7 @@ def test_lora_without_peft_names_the_extra(tiny_model_dir, tmp_path):
     code = (
         "import sys; sys.modules['peft'] = None\n"
         "from thermik.config.schema import LoRAConfig, ModelConfig\n"
-        "from thermik.training.components import load_policy\n"
+        "from thermik.assembly.components import load_policy\n"
         f"load_policy(ModelConfig(path={str(tiny_model_dir)!r}), LoRAConfig(enabled=True))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, check=False)

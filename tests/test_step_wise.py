@@ -15,13 +15,13 @@ from real_model import smollm2_dir
 from test_rollout import ScriptedEngine, play, solved_texts
 
 from thermik.config.schema import EnvConfig, SamplingConfig
+from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.models.chat_template import QWEN3_THINKING_TEMPLATE
 from thermik.models.loading import load_tokenizer
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits, run_episode
 from thermik.rollout.metrics import rollout_metrics
 from thermik.rollout.step_wise import PrefixBreakError, merge_samples
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import Trajectory
 from thermik.tasks.registry import generate_rows, make_env
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from thermik.tasks.calculator.arith import MAX_EXPONENT, ArithError, evaluate, format_number
 from thermik.tasks.calculator.server import server_spec
-from thermik.tools.arith import MAX_EXPONENT, ArithError, evaluate, format_number
 from thermik.tools.mcp_pool import MCPPool, ServerSpec
 from thermik.tools.parsers import ToolCall, format_hermes_tool_call, parse_hermes_tool_calls
 

@@ -7,8 +7,8 @@ import time
 from typing import Literal
 
 import pytest
+from fixtures.faulty_server import server_spec
 
-from thermik.tools.faulty_server import server_spec
 from thermik.tools.local import ToolGroup, parse_docstring, tool
 from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import ToolCall

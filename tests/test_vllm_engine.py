@@ -15,9 +15,9 @@ import pytest
 import torch
 from vllm_support import check_generation, vllm_venv
 
+from thermik.assembly.components import build_engine, load_policy
 from thermik.config.schema import InferenceConfig, ModelConfig
 from thermik.models.presets import init_model
-from thermik.training.components import build_engine, load_policy
 
 CHECK = Path(__file__).with_name("vllm_engine_check.py")
 SRC = Path(__file__).resolve().parents[1] / "src"

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from thermik.assembly.components import build_engine, load_policy
 from thermik.config.schema import InferenceConfig, ModelConfig
 from thermik.inference.base import SamplingParams
 from thermik.inference.vllm_engine import VLLMEngine
-from thermik.training.components import build_engine, load_policy
 
 PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 7, 100, 7, 100]]
 SAMPLINGS = [

@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from fixtures.faulty_server import server_spec
+
 from thermik.config.schema import EnvConfig
 from thermik.envs.base import Env, Message, StepOutput
-from thermik.tools.faulty_server import server_spec
 from thermik.tools.mcp_pool import MCPPool
 
 

@@ -56,7 +56,8 @@ def _env(marker: Path) -> dict[str, str]:
     bfloat16 run (the default on a bf16 CPU) resumed after kills was measured 9e-4 away in the weights."""
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("THERMIK_")}
     env["THERMIK_AUTO_PRECISION"] = "float32"
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    # src for thermik, tests/ for fixtures.faulty_server (echo_env's MCP server)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env | {"RELIABILITY_MARKER": str(marker), "TOKENIZERS_PARALLELISM": "false"}
 
 

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures.faulty_server import server_spec
 from kill_suite import leaked_servers
 
 from thermik.config.schema import EnvConfig
 from thermik.envs.tool_use import ServerTools, function_schema
-from thermik.tools.faulty_server import server_spec
 from thermik.tools.mcp_pool import MCPPool
 from thermik.tools.parsers import format_hermes_tool_call
 

@@ -579,7 +579,7 @@ class CheckpointConfig(Section):
 
 
 class GuardsConfig(Section):
-    """Consistency guards of the local run mode (training/consistency.py); each stops the run naming itself."""
+    """Consistency guards of the local run mode (assembly/guards.py); each stops the run naming itself."""
 
     weight_checksum: bool = Field(
         True,

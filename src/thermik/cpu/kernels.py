@@ -219,7 +219,7 @@ class VocabKernels:
 
 
 class ChecksumKernels:
-    """ctypes bindings of kernels/checksum.c: training/consistency.py's weight checksum in one pass, no copies."""
+    """ctypes bindings of kernels/checksum.c: assembly/guards.py's weight checksum in one pass, no copies."""
 
     READS: ClassVar[dict[tuple[torch.dtype, torch.dtype], str]] = {  # (tensor dtype, checksummed as) -> kernel
         (torch.float32, torch.float32): "i32",

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
+from thermik.assembly import components
 from thermik.config.schema import RunConfig
 from thermik.distributed import comm
 from thermik.inference.base import Generation, SamplingParams
-from thermik.training import components
 
 
 class EngineActor:

@@ -13,11 +13,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from thermik.assembly import components
 from thermik.config.schema import AlgorithmConfig, DistributedConfig, RunConfig, TrainerConfig
 from thermik.distributed import comm
 from thermik.distributed.parallel import full_grads, full_state_dict, unwrap, wrap_policy
 from thermik.distributed.sharding import Shard
-from thermik.training import components
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
 from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer

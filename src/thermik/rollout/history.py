@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.envs.base import Message
-from thermik.rollout.tokenization import ChatTokenizer
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.rollout.failures import classify
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.rollout.trajectory import Trajectory
 
 

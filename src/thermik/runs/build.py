@@ -13,8 +13,10 @@ from pathlib import Path
 
 import torch
 
+from thermik.assembly import components
 from thermik.config.loader import dump_toml
 from thermik.config.schema import RunConfig, SFTConfig
+from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.sampler import PromptSampler
 from thermik.inference.base import InferenceEngine
 from thermik.models.loading import load_tokenizer
@@ -22,9 +24,7 @@ from thermik.monitor.metrics import MetricsLogger
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.context import RolloutContext
 from thermik.rollout.model_rewards import build_model_rewards
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.tools.mcp_pool import MCPPool
-from thermik.training import components
 from thermik.training.learner import Learner, build_learner, restore
 
 EngineFactory = Callable[[torch.nn.Module | None, ChatTokenizer], InferenceEngine]
@@ -100,7 +100,7 @@ def build_run(
     rows = components.load_datasets(cfg.data, cfg.env, train_rows) if engine is not None else None
     if learner:
         assert policy is not None, "the learner needs the policy in this process"
-        run.learner = build_learner(cfg, policy, chat, update_threads)
+        run.learner = build_learner(cfg, policy, update_threads)
     if rows is not None:
         run.rollout = _rollout_context(cfg, chat, engine(policy, chat), rows, run.pool)
     if run.learner is not None:  # after the engine copied the base weights: a resumed run pushes its own at start

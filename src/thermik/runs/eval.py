@@ -13,18 +13,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from thermik.assembly import components
 from thermik.config.loader import dump_toml
 from thermik.config.schema import EvalRunConfig, SamplingConfig
+from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.monitor.plots import plot_series
 from thermik.monitor.progress import print_table
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.api_policy import ApiPolicy
 from thermik.rollout.context import RolloutContext
 from thermik.rollout.evaluation import EvalResult, Player, engine_player, evaluate, write_records
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.runs.build import build_run
 from thermik.tools.mcp_pool import MCPPool
-from thermik.training import components
 from thermik.training.checkpoint import CheckpointManager, load_training_state
 
 

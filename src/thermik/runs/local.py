@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from thermik.assembly import components
+from thermik.assembly.guards import PROBE_TEXT, ConsistencyGuards
 from thermik.config.schema import InferenceConfig, RunConfig
 from thermik.memory import release_freed_memory
 from thermik.rollout.context import RolloutContext, evaluate_held_out, play_rows
@@ -22,8 +24,6 @@ from thermik.runs.build import Run, build_run
 from thermik.runs.loop import Mode, rl_plan, run_loop
 from thermik.runs.record import Recorder
 from thermik.runs.step import Rollout, learner_update, make_rollout, rl_step, sample_rollout
-from thermik.training import components
-from thermik.training.consistency import PROBE_TEXT, ConsistencyGuards
 from thermik.training.learner import Learner, save_checkpoint
 
 __all__ = ["LocalMode", "run_rl", "setup"]

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from thermik.assembly import components
 from thermik.config.schema import RunConfig
 from thermik.distributed.launch import DistributedRun, start
 from thermik.rollout.context import RolloutContext, evaluate_held_out
@@ -22,7 +23,6 @@ from thermik.rollout.evaluation import EvalResult
 from thermik.runs.build import Run, build_run, resume_logger
 from thermik.runs.loop import Mode, rl_plan, run_loop
 from thermik.runs.step import Rollout, rl_step, sample_rollout
-from thermik.training import components
 from thermik.training.algo_state import AlgorithmState
 from thermik.training.shaping import assign_advantages
 

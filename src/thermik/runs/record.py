@@ -20,14 +20,14 @@ from typing import Any
 
 import torch
 
+from thermik.assembly import components
+from thermik.assembly.guards import checksum
 from thermik.atomic import publish_dir
 from thermik.config import load_config
 from thermik.config.schema import RunConfig
 from thermik.runs.split_protocol import load_batch, save_batch
 from thermik.runs.step import Rollout
-from thermik.training import components
 from thermik.training.batch import TokenBatch
-from thermik.training.consistency import checksum
 from thermik.training.learner import Learner, build_learner, restore, train_on_batch
 
 RECORDS = "records"
@@ -72,8 +72,8 @@ def recorded_steps(run_dir: Path) -> list[int]:
 
 def _learner_at(cfg: RunConfig, run_dir: Path, from_step: int) -> Learner:
     components.seed_everything(cfg.seed)
-    policy, chat = components.load_policy(cfg.model, cfg.lora, cfg.env.tool_parser)
-    learner = build_learner(cfg, policy, chat)
+    policy, _ = components.load_policy(cfg.model, cfg.lora, cfg.env.tool_parser)
+    learner = build_learner(cfg, policy)
     if from_step:
         checkpoint = run_dir / "checkpoints" / f"step_{from_step}"
         if not checkpoint.is_dir():

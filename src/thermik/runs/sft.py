@@ -11,8 +11,10 @@ import asyncio
 import json
 from typing import Any
 
+from thermik.assembly import components
 from thermik.atomic import publish_dir
 from thermik.config.schema import InferenceConfig, SamplingConfig, SFTConfig
+from thermik.data.conversations import DataOrder, encode_all, load_conversations
 from thermik.data.dataset import load_rows
 from thermik.inference.base import InferenceEngine
 from thermik.rollout.agent_loop import LoopLimits
@@ -20,12 +22,10 @@ from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, writ
 from thermik.runs.build import Run, open_run, resume_logger
 from thermik.runs.loop import LoopPlan, Mode, run_loop
 from thermik.tasks.registry import generate_rows
-from thermik.training import components
 from thermik.training.checkpoint import CheckpointManager
 from thermik.training.optim import build_optimizer
 from thermik.training.precision import autocast_dtype
 from thermik.training.sft import restore_sft_checkpoint, save_sft_checkpoint, sft_update
-from thermik.training.sft_data import DataOrder, encode_all, load_conversations
 
 
 class SFTMode(Mode):

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from thermik.assembly import components
 from thermik.config.schema import RunConfig
 from thermik.inference.weights import WEIGHTS_FILE, write_safetensors
 from thermik.rollout.evaluation import EvalResult
@@ -27,7 +28,6 @@ from thermik.runs.split_protocol import (
     wait_until,
 )
 from thermik.runs.step import Rollout, learner_update, rl_step
-from thermik.training import components
 from thermik.training.batch import TokenBatch
 from thermik.training.learner import Learner, save_checkpoint
 

@@ -20,7 +20,6 @@ from thermik.algorithms.health import nonfinite_entries
 from thermik.config.schema import RunConfig
 from thermik.cpu.openmp import to_thread_releasing
 from thermik.memory import release_freed_memory
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.training import reference
 from thermik.training.algo_state import AlgorithmState
 from thermik.training.batch import TokenBatch
@@ -43,7 +42,6 @@ class Learner:
     cfg: RunConfig
     policy: torch.nn.Module
     ref: torch.nn.Module | None
-    chat: ChatTokenizer
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     checkpoints: CheckpointManager
@@ -55,14 +53,13 @@ class Learner:
     teacher: Teacher | None = None  # algorithm.teacher: on-policy distillation (training/teacher.py)
 
 
-def build_learner(cfg: RunConfig, policy: torch.nn.Module, chat: ChatTokenizer, update_threads: int = 0) -> Learner:
+def build_learner(cfg: RunConfig, policy: torch.nn.Module, update_threads: int = 0) -> Learner:
     """The training half of a run around an already loaded policy: reference, optimizer, checkpoints, critic."""
     optimizer, scheduler = build_optimizer(policy, cfg.trainer.optimizer)
     autocast = autocast_dtype(cfg.model, policy)  # before the reference copies the policy (its lm head too)
     return Learner(
         cfg=cfg,
         policy=policy,
-        chat=chat,
         ref=reference.build_reference(policy, cfg.algorithm),
         optimizer=optimizer,
         scheduler=scheduler,

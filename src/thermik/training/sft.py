@@ -1,7 +1,7 @@
 """Supervised fine-tuning: the loss on the trained tokens of a batch of conversations, one optimizer step, and the
 checkpoint of an SFT run (model, optimizer, RNG, scheduler and data position: a resumed run continues bit for bit).
 
-Conversations are tokenized by the function the agent loop uses (training/sft_data.py), so SFT sequences are
+Conversations arrive tokenized by the function the agent loop uses (data/conversations.py), so SFT sequences are
 byte-identical to what the policy will see during RL. With packing the conversations of a batch share rows, each
 attending only to itself (training/packing.py): the per-token loss equals the padded batch's to float rounding.
 """
@@ -18,7 +18,8 @@ from thermik.training.batch import token_logprobs
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
 from thermik.training.packing import pack, packed_token_logprobs, unpack
 from thermik.training.precision import train_autocast
-from thermik.training.sft_data import Example
+
+Example = tuple[list[int], list[int]]  # (token ids, loss mask), as data/conversations.py encodes them
 
 
 def sft_token_logprobs(

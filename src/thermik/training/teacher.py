@@ -21,8 +21,8 @@ import httpx
 import torch
 
 from thermik.config.schema import AlgorithmConfig, TrainerConfig
+from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.models.loading import load_model, load_tokenizer
-from thermik.rollout.tokenization import ChatTokenizer
 from thermik.training.batch import TokenBatch
 from thermik.training.update import logprobs_no_grad
 

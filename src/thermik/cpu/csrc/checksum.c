@@ -1,4 +1,4 @@
-/* The weight-checksum guard's hash in one pass (training/consistency.py, `checksum`): each element's raw bits, as a
+/* The weight-checksum guard's hash in one pass (assembly/guards.py, `checksum`): each element's raw bits, as a
  * signed 32-bit integer, through multiply / xor-shift / multiply, summed with wrap-around. The same integers as the
  * PyTorch path, without its five passes and temporaries over every weight after every sync.
  *

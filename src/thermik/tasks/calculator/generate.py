@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 from thermik.envs.base import Message
-from thermik.tools.arith import evaluate, format_number
+from thermik.tasks.calculator.arith import evaluate, format_number
 from thermik.tools.parsers import format_hermes_tool_call
 
 # No output tags in system prompts: an induction head would copy the placeholder after the tag (N, ...)

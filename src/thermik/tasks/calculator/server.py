@@ -12,7 +12,7 @@ import asyncio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from thermik.tools.arith import ArithError, evaluate, format_number
+from thermik.tasks.calculator.arith import ArithError, evaluate, format_number
 from thermik.tools.launch import module_server_spec
 from thermik.tools.mcp_pool import ServerSpec
 

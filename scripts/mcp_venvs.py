@@ -3,7 +3,7 @@
 `ensure_venv(".venvs/mcp-server-time", ["mcp-server-time==2026.10.19"])` creates the venv with
 `python -m venv --without-pip` and installs the requirements into it with our pip once; a marker file records what was
 installed, so later calls return at once. A file lock makes concurrent callers wait for one
-install. Run `python -m thermik.tools.venvs [--root .venvs] [NAME ...]` to install the known
+install. Run `python scripts/mcp_venvs.py [--root .venvs] [NAME ...]` to install the known
 servers ahead of time.
 """
 
@@ -62,7 +62,7 @@ def server_command(venv: Path, script: str) -> str:
 
 def install_command(root: str | Path, name: str) -> str:
     """The shell command that installs a known server, for skip messages."""
-    return f"python -m thermik.tools.venvs --root {root} {name}"
+    return f"python scripts/mcp_venvs.py --root {root} {name}"
 
 
 def _installed(venv: Path) -> list[str] | None:

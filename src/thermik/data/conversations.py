@@ -17,8 +17,8 @@ import random
 from collections.abc import Collection
 from typing import Any
 
+from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.envs.base import Message
-from thermik.rollout.tokenization import ChatTokenizer
 
 Example = tuple[list[int], list[int]]  # (token ids, loss mask)
 
