@@ -79,7 +79,7 @@ def test_reverse_kl_advantage_matches_an_independent_computation(teacher_dir):
 def test_multi_turn_masks_score_only_sampled_tokens(teacher_dir, tiny_model_dir):
     chat = ChatTokenizer(load_tokenizer(tiny_model_dir))
     alg = AlgorithmConfig(teacher=str(teacher_dir), teacher_mode="combined", teacher_coef=2.0)
-    teacher = build_teacher(alg, TrainerConfig(), chat, None, "cpu")
+    teacher = build_teacher(alg, TrainerConfig(), chat.tokenizer, None, "cpu")
     batch = _batch()
     env_adv = torch.full_like(batch.mask, 0.25) * batch.mask
     batch.adv = env_adv.clone()
@@ -101,7 +101,7 @@ def test_a_teacher_with_another_tokenizer_is_refused(tiny_model_dir, tmp_path):
     (other / "tokenizer.json").write_text((other / "tokenizer.json").read_text().replace('"a":', '"A_":', 1))
     chat = ChatTokenizer(load_tokenizer(tiny_model_dir))
     with pytest.raises(ValueError, match="share one tokenizer"):
-        build_teacher(AlgorithmConfig(teacher=str(other)), TrainerConfig(), chat, None, "cpu")
+        build_teacher(AlgorithmConfig(teacher=str(other)), TrainerConfig(), chat.tokenizer, None, "cpu")
 
 
 @pytest.mark.slow

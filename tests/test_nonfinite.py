@@ -12,14 +12,14 @@ from conftest import short_rl_config
 from test_algorithms_update import _batch
 
 from thermik.algorithms.health import NonFiniteGuard, NonFiniteLossError, nonfinite_entries
-from thermik.models.loading import load_model
+from thermik.models.loading import load_model, load_tokenizer
 from thermik.training.learner import build_learner, train_on_batch
 
 
 def _learner(tmp_path, model_dir, on_nonfinite: str, max_steps: int = 3):
     algorithm = {"on_nonfinite": on_nonfinite, "max_nonfinite_steps": max_steps, "entropy_coef": 0.01}
     cfg = short_rl_config(tmp_path, model_dir, "nan", "reverse_text", algorithm=algorithm)
-    return build_learner(cfg, load_model(str(model_dir)))
+    return build_learner(cfg, load_model(str(model_dir)), load_tokenizer(str(model_dir)))
 
 
 def _params(learner) -> list[torch.Tensor]:

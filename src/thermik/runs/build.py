@@ -100,7 +100,7 @@ def build_run(
     rows = components.load_datasets(cfg.data, cfg.env, train_rows) if engine is not None else None
     if learner:
         assert policy is not None, "the learner needs the policy in this process"
-        run.learner = build_learner(cfg, policy, update_threads)
+        run.learner = build_learner(cfg, policy, chat.tokenizer, update_threads)
     if rows is not None:
         run.rollout = _rollout_context(cfg, chat, engine(policy, chat), rows, run.pool)
     if run.learner is not None:  # after the engine copied the base weights: a resumed run pushes its own at start

@@ -72,8 +72,8 @@ def recorded_steps(run_dir: Path) -> list[int]:
 
 def _learner_at(cfg: RunConfig, run_dir: Path, from_step: int) -> Learner:
     components.seed_everything(cfg.seed)
-    policy, _ = components.load_policy(cfg.model, cfg.lora, cfg.env.tool_parser)
-    learner = build_learner(cfg, policy)
+    policy, chat = components.load_policy(cfg.model, cfg.lora, cfg.env.tool_parser)
+    learner = build_learner(cfg, policy, chat.tokenizer)
     if from_step:
         checkpoint = run_dir / "checkpoints" / f"step_{from_step}"
         if not checkpoint.is_dir():

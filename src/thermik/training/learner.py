@@ -53,8 +53,9 @@ class Learner:
     teacher: Teacher | None = None  # algorithm.teacher: on-policy distillation (training/teacher.py)
 
 
-def build_learner(cfg: RunConfig, policy: torch.nn.Module, update_threads: int = 0) -> Learner:
-    """The training half of a run around an already loaded policy: reference, optimizer, checkpoints, critic."""
+def build_learner(cfg: RunConfig, policy: torch.nn.Module, tokenizer: Any, update_threads: int = 0) -> Learner:
+    """The training half of a run around an already loaded policy (and its HF tokenizer, which a distillation
+    teacher must share): reference, optimizer, checkpoints, critic, teacher."""
     optimizer, scheduler = build_optimizer(policy, cfg.trainer.optimizer)
     autocast = autocast_dtype(cfg.model, policy)  # before the reference copies the policy (its lm head too)
     return Learner(
@@ -68,7 +69,7 @@ def build_learner(cfg: RunConfig, policy: torch.nn.Module, update_threads: int =
         critic=_build_critic(cfg),
         update_threads=update_threads,
         autocast=autocast,
-        teacher=build_teacher(cfg.algorithm, cfg.trainer, chat, autocast, cfg.model.device),
+        teacher=build_teacher(cfg.algorithm, cfg.trainer, tokenizer, autocast, cfg.model.device),
     )
 
 

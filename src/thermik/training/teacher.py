@@ -15,13 +15,12 @@ are used.
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 import torch
 
 from thermik.config.schema import AlgorithmConfig, TrainerConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.training.batch import TokenBatch
 from thermik.training.update import logprobs_no_grad
@@ -91,9 +90,10 @@ class ServerTeacher:
 
 
 def build_teacher(
-    alg: AlgorithmConfig, trainer: TrainerConfig, chat: ChatTokenizer, autocast: torch.dtype | None, device: str
+    alg: AlgorithmConfig, trainer: TrainerConfig, tokenizer: Any, autocast: torch.dtype | None, device: str
 ) -> Teacher | None:
-    """The teacher `algorithm.teacher` names, or None when distillation is off."""
+    """The teacher `algorithm.teacher` names, or None when distillation is off. tokenizer: the student's (HF)
+    tokenizer; a local teacher must share its vocabulary."""
     if not alg.teacher:
         return None
     if alg.teacher.startswith(("http://", "https://")):
@@ -101,10 +101,10 @@ def build_teacher(
             alg.teacher, alg.teacher_model, alg.teacher_api_key, alg.teacher_timeout_s, alg.teacher_concurrency
         )
     vocab = load_tokenizer(alg.teacher).get_vocab()
-    if vocab != chat.tokenizer.get_vocab():
+    if vocab != tokenizer.get_vocab():
         raise ValueError(
             f"algorithm.teacher {alg.teacher}: its tokenizer differs from the student's ({len(vocab)} vs "
-            f"{len(chat.tokenizer.get_vocab())} tokens); distillation scores the student's token ids, so both must "
+            f"{len(tokenizer.get_vocab())} tokens); distillation scores the student's token ids, so both must "
             "share one tokenizer"
         )
     return LocalTeacher(load_model(alg.teacher, device=device), trainer, autocast)
