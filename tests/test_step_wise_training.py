@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_algorithms_rl import stopping_model_dir  # noqa: F401 (a fixture)
 
 from thermik.algorithms.advantages import grpo_advantages
 from thermik.algorithms.episodes import episode_row_weights, returns_to_go
-from thermik.config.schema import AlgorithmConfig, TrainerConfig
+from thermik.config.schema import AlgorithmConfig, RunConfig, TrainerConfig
 from thermik.rollout.trajectory import Trajectory
 from thermik.training.batch import TokenBatch, collate
 from thermik.training.loss import LossSetup, mini_batch_reduction
@@ -109,3 +110,43 @@ def test_a_rewriting_context_policy_needs_step_wise_samples() -> None:
     with pytest.raises(ValidationError, match=r"rollout\.step_wise 'on-break'"):
         RolloutConfig(step_wise="off", context="summarise")
     assert RolloutConfig().step_wise == "on-break" and RolloutConfig().context == "truncate-episode"
+
+
+@pytest.mark.slow
+def test_an_rl_step_trains_episodes_of_several_samples(tmp_path, stopping_model_dir) -> None:  # noqa: F811
+    """The real loop (engine, math_feedback env, learner) with Qwen3's thinking rules and enable_thinking = false:
+    the generation prompt's empty <think> block leaves the history, so each feedback turn starts a new sample."""
+    import json
+
+    from test_algorithms_rl import _metrics
+
+    from thermik.data.dataset import write_rows
+    from thermik.models.chat_template import QWEN3_THINKING_TEMPLATE
+    from thermik.runs.local import run_rl
+    from thermik.tasks.registry import generate_rows
+
+    template = tmp_path / "qwen3_thinking.jinja"
+    template.write_text(QWEN3_THINKING_TEMPLATE)
+    write_rows(tmp_path / "train.jsonl", generate_rows("math_feedback", 8, 0, split="train"))
+    write_rows(tmp_path / "eval.jsonl", generate_rows("math_feedback", 2, 0, split="eval"))
+    cfg = RunConfig.model_validate(
+        {
+            "name": "algos",
+            "output_dir": str(tmp_path),
+            "model": {"path": str(stopping_model_dir), "chat_template": str(template), "enable_thinking": False},
+            "env": {"name": "math_feedback", "max_turns": 2},
+            "data": {"train_path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl")},
+            "rollout": {"max_generate_length": 12, "max_input_length": 256, "max_sequence_length": 320},
+            "trainer": {"steps": 1, "prompts_per_step": 2, "group_size": 4},
+            "algorithm": {"reduction": "sequence_mean"},
+            "eval": {"size": 2, "before": False},
+            "monitor": {"progress": False, "save_trajectories_every": 1},
+        }
+    )
+    run_rl(cfg)
+    (metrics,) = _metrics(tmp_path)
+    episodes = [json.loads(x) for x in (tmp_path / "algos" / "trajectories" / "step_1.jsonl").read_text().splitlines()]
+    two_turns = [e for e in episodes if e["num_turns"] == 2]
+    assert two_turns and all(len(e["continuations"]) == 1 for e in two_turns)
+    assert metrics["step_wise/samples_per_episode"] == pytest.approx(1 + len(two_turns) / len(episodes))
+    assert all(torch.isfinite(torch.tensor(v)) for k, v in metrics.items() if k.startswith("policy/"))

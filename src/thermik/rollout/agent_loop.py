@@ -33,8 +33,8 @@ class LoopLimits:
     max_sequence_length: int
     step_wise: StepWise = "on-break"
     context: ContextPolicy = "truncate-episode"
-    context_placeholder: str = "[earlier output dropped]"
-    summary_request: str = "Summarise the task and what you have found so far in a few lines."
+    context_placeholder: str = RolloutConfig.model_fields["context_placeholder"].default
+    summary_request: str = RolloutConfig.model_fields["summary_request"].default
 
     @classmethod
     def from_config(cls, rollout: RolloutConfig, max_turns: int) -> LoopLimits:
