@@ -175,3 +175,26 @@ def test_packing_benchmark_times_both_sides_on_equal_losses(packing_bench, tiny_
     result = packing_bench.run(model, batch, 40, repeats=1)
     assert result["padded_s"] > 0 and result["packed_s"] > 0
     assert result["ratio"] == pytest.approx(result["padded_s"] / result["packed_s"])
+
+
+@pytest.mark.slow
+def test_sft_with_lora_checkpoints_resumes_and_exports_the_adapter(tiny_model_dir, tmp_path):
+    from conftest import run_thermik
+
+    rows = [{"prompt": f"reverse ab{i}", "completion": f"{i}ba"} for i in range(8)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = [
+        "sft", "--model.path", str(tiny_model_dir), "--train_path", str(tmp_path / "rows.jsonl"), "--batch_size", "4",
+        "--checkpoint.every", "2", "--eval_every", "0", "--output_dir", str(tmp_path), "--name", "lora",
+        "--progress", "false", "--lora.enabled", "true", "--lora.modules_to_save", '["norm"]',
+    ]  # fmt: skip
+    first = run_thermik(*args, "--max_steps", "3", timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_thermik(*args, "--max_steps", "5", timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    run = tmp_path / "lora"
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5], "the second run resumed from step 3's checkpoint"
+    assert (run / "checkpoints" / "step_4" / "model" / "adapter_model.safetensors").is_file()
+    assert (run / "model" / "adapter" / "adapter_model.safetensors").is_file()
+    assert (run / "model" / "model.safetensors").is_file(), "the merged model beside its adapter"
