@@ -15,6 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from thermik.cpu.isa import check_bf16
 
 
+def regex_checked(pattern: str) -> str:
+    """`pattern` if it compiles as a Python regular expression, else a ValueError naming the problem."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from None
+    return pattern
+
+
 class Section(BaseModel):
     """Base for every config section: frozen, unknown keys rejected."""
 
@@ -202,12 +211,7 @@ class EnvConfig(Section):
     @field_validator("tool_error_pattern")
     @classmethod
     def _compiles(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as exc:
-                raise ValueError(f"not a valid regular expression: {exc}") from None
-        return v
+        return v if v is None else regex_checked(v)
 
 
 class LLMGeneratorConfig(Section):
@@ -530,11 +534,7 @@ class JudgeConfig(Section):
     @field_validator("score_pattern")
     @classmethod
     def _pattern_compiles(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from None
-        return v
+        return regex_checked(v)
 
     @field_validator("template")
     @classmethod
