@@ -221,3 +221,38 @@ def test_three_rl_steps_rewarded_by_a_judge_served_by_thermik_inference(tiny_mod
 def test_no_model_rewards_configured_builds_nothing():
     assert build_model_rewards(RewardsConfig()) is None
     assert isinstance(build_model_rewards(RewardsConfig(judge=JudgeConfig(base_url="http://x"))), ModelRewards)
+
+
+def test_async_metrics_of_several_batches_merge_into_one_step():
+    from thermik.rollout.model_rewards import merge_metrics
+
+    merged = merge_metrics(
+        [
+            {"judge/requests": 4.0, "judge/score_mean": 0.5},
+            {"judge/requests": 2.0, "judge/score_mean": 0.7, "judge/timeout": 1.0},
+        ]
+    )
+    assert merged == {"judge/requests": 6.0, "judge/score_mean": pytest.approx(0.6), "judge/timeout": 1.0}
+
+
+@pytest.mark.slow
+def test_asynchronous_training_judges_its_groups_and_logs_every_request(tiny_model_dir, tmp_path):
+    from conftest import short_rl_config
+
+    from thermik.runs.local import run_rl
+
+    state: dict = {}
+    with running(_judge_app("Score: 6", state)) as url:
+        cfg = short_rl_config(
+            tmp_path, tiny_model_dir, "async-judged", "reverse_text",
+            trainer={"steps": 2, "prompts_per_step": 2, "group_size": 2, "max_off_policy_steps": 1},
+            eval={"before": False, "size": 2},
+        )  # fmt: skip
+        judge = JudgeConfig(base_url=url, model="judge", template=SHORT_RUBRIC)
+        run_rl(cfg.model_copy(update={"rewards": RewardsConfig(env_weight=0.0, judge=judge)}))
+    records = [r for r in read_metrics(tmp_path / "async-judged") if "reward/mean" in r and "time/step" in r]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["reward/mean"] == pytest.approx(0.6) for r in records), "env_weight 0: the judge's score alone"
+    judged = [r for r in records if "judge/score_mean" in r]  # a step logs the groups scored since the last one
+    assert judged and all(r["judge/score_mean"] == pytest.approx(0.6) and r["judge/failures"] == 0 for r in judged)
+    assert sum(r["judge/requests"] for r in judged) == state["requests"]

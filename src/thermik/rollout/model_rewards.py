@@ -49,6 +49,12 @@ class ModelRewards:
     def __init__(self, cfg: RewardsConfig, scorers: list[tuple[str, float, Scorer]]) -> None:
         self.env_weight = cfg.env_weight
         self.scorers = scorers
+        self.unlogged: list[dict[str, float]] = []  # metrics of groups the async producer scored, until a step logs
+
+    def take_unlogged(self) -> dict[str, float]:
+        """The merged metrics of the `apply` calls made since the last take (asynchronous training)."""
+        parts, self.unlogged = self.unlogged, []
+        return merge_metrics(parts)
 
     async def apply(self, trajs: list[Trajectory], rows: list[dict[str, Any]]) -> dict[str, float]:
         """Score `trajs` (trajs[i] played rows[trajs[i].group_id]) and fold the weighted scores into their rewards;
@@ -65,6 +71,16 @@ class ModelRewards:
             add_final_reward(traj, self.env_weight, extra)
         metrics["time/model_rewards"] = time.perf_counter() - t0
         return metrics
+
+
+def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The metrics of several `apply` calls as one step's: means averaged, counts and times summed."""
+    keys = {k for part in parts for k in part}
+    out = {}
+    for key in keys:
+        values = [part[key] for part in parts if key in part]
+        out[key] = sum(values) / len(values) if key.endswith("_mean") else sum(values)
+    return out
 
 
 def build_model_rewards(cfg: RewardsConfig) -> ModelRewards | None:

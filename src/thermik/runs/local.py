@@ -51,6 +51,8 @@ class LocalMode(Mode):
             return await sample_rollout(self.rollout_ctx, step)
         t0 = time.perf_counter()
         trajs, metrics = await _take_groups(self.producer)
+        if self.rollout_ctx.rewards is not None:
+            metrics |= self.rollout_ctx.rewards.take_unlogged()
         return make_rollout(
             self.rollout_ctx, step, trajs, trajs, {**metrics, "time/generate": time.perf_counter() - t0}
         )
@@ -135,7 +137,10 @@ def _start_producer(ctx: RolloutContext) -> GroupProducer:
 
     async def rollout_group(row: dict[str, Any], index: int) -> list[Trajectory]:
         seed = cfg.seed * 1_000_003 + index * 10_007
-        return (await play_rows(ctx, [row], seed))[0]
+        trajs, metrics = await play_rows(ctx, [row], seed)
+        if ctx.rewards is not None:
+            ctx.rewards.unlogged.append(metrics)  # logged by the step that trains these groups
+        return trajs
 
     producer = GroupProducer(
         rollout_group,
