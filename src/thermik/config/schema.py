@@ -95,7 +95,7 @@ class InferenceConfig(Section):
     )
     kv_cache_gb: float | None = Field(
         None, gt=0, description="Embedded: KV cache budget in GiB (requests wait for room rather than grow past it); "
-        "unset takes a quarter of the RAM (of the free GPU memory on CUDA), inf sets none."
+        "unset takes a quarter of the available RAM (of the free GPU memory on CUDA), inf sets none."
     )  # fmt: skip
     base_url: str = Field(
         "http://127.0.0.1:8000", description="Remote backend: server root (thermik inference, vLLM), without /v1."

@@ -49,7 +49,7 @@ from thermik.inference.base import (
     check_request,
 )
 from thermik.inference.hf_engine import HFEngine
-from thermik.inference.kv_cache import default_budget_bytes
+from thermik.inference.kv_cache import KVCacheBudgetError, default_budget_bytes
 from thermik.inference.native_model import NativeCausalLM
 from thermik.inference.sampling import fused_sample, process_logits, sample, token_logprobs
 from thermik.inference.weights import check_state, copy_state, load_state
@@ -130,7 +130,7 @@ class EmbeddedEngine:
         kv_cache_gb: float | None = None,
         weight_formats: tuple[str, ...] = ("blas",),
     ) -> None:
-        """`kv_cache_gb`: the KV cache's budget in GiB (2^30 bytes); None takes a quarter of the machine's RAM (on
+        """`kv_cache_gb`: the KV cache's budget in GiB (2^30 bytes); None takes a quarter of the available RAM (on
         CUDA, of the free GPU memory; `kv_cache.default_budget_bytes` says why), `math.inf` sets no budget.
         `weight_formats`: the projections' weight formats to choose from (`NativeCausalLM`; cpu/precision.py's
         `projection_formats` for a precision name)."""
@@ -323,6 +323,18 @@ class EmbeddedEngine:
     def _reserve(self, requests: Sequence[_Request | None]) -> int:
         """The most positions any of `requests` may need (None entries: slots without a request)."""
         return max((self._positions(len(r.prompt_ids), r.sampling.max_tokens) for r in requests if r), default=0)
+
+    def require_room(self, positions: int, key: str = "rollout.max_sequence_length") -> None:
+        """Fail at start, before any work, when the KV cache budget cannot hold one sequence of `positions` (`key`
+        names the setting they come from)."""
+        if self._cache.fits(1, positions):
+            return
+        need, budget = positions * self._cache.bytes_per_position, self._cache.budget_bytes or 0
+        raise KVCacheBudgetError(
+            f"the KV cache budget ({budget / 2**30:.4g} GiB) cannot hold one sequence of {key} = {positions} "
+            f"({need / 2**30:.4g} GiB for this model): set inference.kv_cache_gb to at least {need / 2**30:.3g}, or "
+            f"lower {key}"
+        )
 
     def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
         """Refuse at once a request that alone outgrows the cache budget (it would wait forever in the queue)."""

@@ -22,20 +22,31 @@ class KVCacheBudgetError(MemoryError):
     """The KV cache was asked to hold more than its byte budget."""
 
 
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (what the kernel can hand out without swapping), else total RAM; None where
+    neither can be read."""
+    try:
+        for line in open("/proc/meminfo").read().splitlines():  # noqa: SIM115  (a one-shot read)
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf names on this platform
+        return None
+
+
 def default_budget_bytes(device: torch.device) -> int | None:
-    """A quarter of the memory the cache would live in: total RAM on CPU, free memory on a CUDA device (what the
-    trainer and the weights have not taken yet when the engine is built). The rest is for what shares that memory
-    in an RL run: the trainer's weights, gradients, optimizer moments and activations, and the engine's own weight
-    copy. For SmolLM2-135M (23 KB per cached position in bfloat16) a quarter of a 24 GB machine holds 256
-    sequences of 1024 positions. None (no budget) where the size cannot be read."""
+    """A quarter of the memory the cache would live in, as available when the engine is built: free RAM on CPU, free
+    memory on a CUDA device. The rest is for what shares that memory in an RL run: the trainer's weights, gradients,
+    optimizer moments and activations, and the engine's own weight copy. None (no budget) where the size cannot be
+    read."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * DEFAULT_BUDGET_FRACTION)
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # no sysconf names on this platform
-        return None
-    return int(total * DEFAULT_BUDGET_FRACTION)
+    available = available_memory_bytes()
+    return None if available is None else int(available * DEFAULT_BUDGET_FRACTION)
 
 
 def _runs(keep: Sequence[int]) -> Iterator[tuple[int, int, int]]:

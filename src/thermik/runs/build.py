@@ -19,6 +19,7 @@ from thermik.config.schema import RunConfig, SFTConfig
 from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.sampler import PromptSampler
 from thermik.inference.base import InferenceEngine
+from thermik.inference.embedded import EmbeddedEngine
 from thermik.models.loading import load_tokenizer
 from thermik.monitor.metrics import MetricsLogger
 from thermik.rollout.agent_loop import LoopLimits
@@ -128,6 +129,8 @@ def _rollout_context(
     pool: MCPPool,
 ) -> RolloutContext:
     train_rows, held_out = rows
+    if isinstance(engine, EmbeddedEngine):  # a too-small KV cache budget fails now, not at the first long episode
+        engine.require_room(cfg.rollout.max_sequence_length)
     return RolloutContext(
         cfg=cfg,
         chat=chat,
