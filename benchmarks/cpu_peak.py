@@ -7,6 +7,10 @@ simulates a smaller instruction set (THERMIK_CPU_ISA for thermik's kernels and p
 ATEN_CPU_CAPABILITY for PyTorch's own kernels, ONEDNN_MAX_CPU_ISA for oneDNN, MKL_ENABLE_INSTRUCTIONS for MKL):
 memory bandwidth and clock stay the host's, so compare ratios, not absolute rates, with a real CPU of that kind.
 
+`--clock cpu` (here and in engine_vs_hf.py) times with this process's CPU seconds instead of wall time: on a machine
+shared with other busy processes, a call longer than a scheduler slice waits for the core in wall time, and CPU
+seconds leave that out. Use it with `--threads 1` (idle OpenMP workers spinning would count).
+
     python benchmarks/cpu_peak.py
     THERMIK_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/cpu_peak.py
 """
@@ -23,6 +27,8 @@ import torch
 from thermik.cpu import gemm
 
 SIZE = 2048
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # cpu: this process's CPU seconds, all threads
+clock = CLOCKS["wall"]  # the benchmarks' --clock sets it
 ISA_VARIABLES = ("THERMIK_CPU_ISA", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
@@ -47,9 +53,9 @@ def _rate(fn: object, repeats: int) -> float:
     best = float("inf")
     fn()  # type: ignore[operator]
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()  # type: ignore[operator]
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return 2 * SIZE**3 / best
 
 
@@ -71,10 +77,25 @@ def peak_line(rates: dict[str, float]) -> str:
     return f"float32 FMA peak ({SIZE}^3 matmul, {threads} threads): {rates['peak'] / 1e9:.0f} GFLOP/s ({sides})"
 
 
+def add_clock_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall", help="wall time or process CPU seconds")
+
+
+def set_clock(name: str) -> None:
+    global clock
+    clock = CLOCKS[name]
+
+
+def now() -> float:
+    return clock()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
+    add_clock_argument(parser)
     args = parser.parse_args()
+    set_clock(args.clock)
     print(isa_line())
     print(peak_line(fma_peak(args.repeats)))
 

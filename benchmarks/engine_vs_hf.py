@@ -45,12 +45,11 @@ import copy
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from cpu_peak import fma_peak, isa_line, peak_line
+from cpu_peak import add_clock_argument, fma_peak, isa_line, now, peak_line, set_clock
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from thermik.cpu import gemm
@@ -71,9 +70,9 @@ def best_of(repeats: int, sides: dict[str, Callable[[], object]]) -> dict[str, f
         fn()
     for _ in range(repeats):
         for name, fn in sides.items():
-            t0 = time.perf_counter()
+            t0 = now()
             fn()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(now() - t0)
     return {name: min(ts) for name, ts in times.items()}
 
 
@@ -228,9 +227,9 @@ def matmul_seconds(rows: int, k: int, n: int, dtype: torch.dtype, repeats: int) 
             fn(0)
             times = []
             for c in range(calls):
-                t0 = time.perf_counter()
+                t0 = now()
                 fn(c % len(weights))
-                times.append(time.perf_counter() - t0)
+                times.append(now() - t0)
             best = min(best, sorted(times)[len(times) // 5])
     return best
 
@@ -353,9 +352,9 @@ def weight_update(model: PreTrainedModel, args: argparse.Namespace) -> None:
     sides = {"state_dict copy": plain_copy, "engine.update_weights": lambda: engine.update_weights_sync(state)}
     for _ in range(args.repeats * 10):
         for name, fn in sides.items():
-            t0 = time.perf_counter()
+            t0 = now()
             fn()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(now() - t0)
     base, ours = (statistics.median(times[n]) * 1e3 for n in sides)
     print(f"weight update ({sum(t.numel() for t in state.values()) / 1e6:.1f}M values, median of {args.repeats * 10}):")
     print(f"  state_dict copy {base:7.2f} ms   engine.update_weights {ours:7.2f} ms   ratio {ours / base:.2f}x")
@@ -382,7 +381,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=("throughput", "multi_turn", "weight_update"), nargs="*")
+    add_clock_argument(parser)
     args = parser.parse_args(argv)
+    set_clock(args.clock)
     if args.batch < 1 or args.max_tokens < 1 or args.repeats < 1:
         parser.error("--batch, --max-tokens and --repeats must be >= 1")
     if args.threads:
@@ -393,7 +394,9 @@ def main(argv: list[str] | None = None) -> None:
         path = args.model or init_model(args.preset, Path(tmp) / args.preset, seed=args.seed)
         dtype = getattr(torch, args.dtype)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.name} in {args.dtype}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.name} in {args.dtype}, {args.clock} clock"
+    )
     for name, fn in (("throughput", throughput), ("multi_turn", multi_turn), ("weight_update", weight_update)):
         if not args.only or name in args.only:
             fn(model, args)
