@@ -160,7 +160,10 @@ def test_precisions_choose_projection_formats(capsys: pytest.CaptureFixture, mon
     cpu = torch.device("cpu")
     assert precision.projection_formats("int8", torch.float32, cpu) == ("int8",)
     assert precision.projection_formats("bf16-weights", torch.float32, cpu) == ("bf16",)
+    monkeypatch.delenv(precision.AUTO_PRECISION_ENV, raising=False)
     assert precision.projection_formats("auto", torch.float32, cpu) == ("blas", "float32", "bf16")
+    monkeypatch.setenv(precision.AUTO_PRECISION_ENV, "float32")
+    assert precision.projection_formats("auto", torch.float32, cpu) == ("blas",)
     assert precision.projection_formats("auto", torch.bfloat16, cpu) == ("blas",)
     assert precision.projection_formats("model", torch.float32, cpu) == ("blas",)
     assert precision.resolve_precision("int8", torch.bfloat16, cpu)[0] == torch.float32

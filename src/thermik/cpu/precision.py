@@ -12,7 +12,7 @@
 
 `projection_formats(name, dtype, device)` says which projection weight formats the engine chooses from (cpu/gemm.py
 times them when there are several): float32 "auto" on a CPU takes the fastest of PyTorch's BLAS, packed float32 and
-packed bfloat16 weights.
+packed bfloat16 weights (PyTorch's BLAS where THERMIK_AUTO_PRECISION=float32 pins it).
 
 THERMIK_AUTO_PRECISION=float32 makes "auto" pick float32 on any CPU (the test suite sets it, so results do not depend
 on the machine); THERMIK_CPU_ISA simulates a smaller CPU altogether (`isa.py`).
@@ -85,6 +85,8 @@ def projection_formats(name: str, dtype: torch.dtype, device: torch.device) -> t
         return ("blas",)
     if name in PACKED_PRECISIONS:
         return (PACKED_PRECISIONS[name],)
+    if name == "auto" and auto_pinned_to_float32():
+        return ("blas",)
     return {"auto": ("blas", "float32", "bf16"), "float32": ("blas", "float32")}.get(name, ("blas",))
 
 
