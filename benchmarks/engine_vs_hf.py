@@ -291,8 +291,9 @@ def throughput(model: PreTrainedModel, args: argparse.Namespace) -> None:
     hf_model = copy.deepcopy(model)  # transformers runs on its own weights (the engine re-lays out the model's)
     batches = [args.batch, 1] if args.single_stream and args.batch != 1 else [args.batch]
     print(isa_line())
-    peak = fma_peak(args.repeats)["peak"]
-    print(peak_line({"peak": peak}))
+    rates = fma_peak(args.repeats)
+    print(peak_line(rates))
+    peak = rates["peak"]
     for batch in batches:
         rates = throughput_row(model, hf_model, batch, args)
         if args.roofline:
