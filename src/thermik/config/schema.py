@@ -430,7 +430,12 @@ class OptimizerConfig(Section):
     lr: float = Field(2e-4, gt=0, description="AdamW learning rate.")
     betas: tuple[float, float] = Field((0.9, 0.98), description="AdamW betas.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps, then constant.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps, then constant (or decaying: decay_steps).")
+    decay_steps: int = Field(
+        0, ge=0, description="After warm-up, decay the rate linearly to final_lr_ratio * lr at this step, then hold it "
+        "(e.g. an SFT run's max_steps); 0 keeps it constant."
+    )  # fmt: skip
+    final_lr_ratio: float = Field(0.1, ge=0, le=1, description="With decay_steps: the rate at its end, relative to lr.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
 
 

@@ -27,7 +27,7 @@ Architecture = Literal["qwen2", "qwen3", "llama"]
 CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}
 
 INITIALIZER_RANGE = 0.1
-"""With transformers' default 0.02, ~1M models stayed on a plateau and never learned to copy (FIELD-NOTES.md)."""
+"""With transformers' default 0.02, ~1M models stayed on a plateau and never learned to copy (docs/models.md)."""
 
 MAX_POSITION_EMBEDDINGS = 2048
 
@@ -40,6 +40,7 @@ class Preset:
     num_heads: int
     num_kv_heads: int
     intermediate_size: int
+    initializer_range: float = INITIALIZER_RANGE
     template: str = "chatml-tools"  # a name in models.chat_template.CHAT_TEMPLATES
 
     @property
@@ -50,11 +51,16 @@ class Preset:
 _SIZE_1M = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 384}
 _SIZE_5M = {"hidden_size": 256, "num_layers": 6, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 768}
 _SIZE_20M = {"hidden_size": 512, "num_layers": 6, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1792}
+# Wide and shallow, for copy-heavy tasks (the calculator main job): two layers are what copying needs (a previous-token
+# head, then an induction head), and 8 full heads of 32 on a 256-wide stream learn it in fewer steps than the 1M shape
+# at about the same cost per step (docs/models.md, "Presets"). Weights at 1.13/sqrt(hidden), as 0.1 is at 128 wide.
+_SIZE_WIDE = {"hidden_size": 256, "num_layers": 2, "num_heads": 8, "num_kv_heads": 8, "intermediate_size": 512}
 
 PRESETS: dict[str, Preset] = {
     "qwen2-1m": Preset("qwen2", **_SIZE_1M),
     "qwen2-5m": Preset("qwen2", **_SIZE_5M),
     "qwen2-20m": Preset("qwen2", **_SIZE_20M),
+    "qwen2-1.4m": Preset("qwen2", **_SIZE_WIDE, initializer_range=0.07),
     "qwen3-1m": Preset("qwen3", **_SIZE_1M),
     "qwen3-5m": Preset("qwen3", **_SIZE_5M),
     # Qwen3's thinking rules in the chat template: earlier turns' <think> is stripped from history (docs/models.md).
@@ -85,7 +91,7 @@ def build_config(name: str, tokenizer: PreTrainedTokenizerBase | None = None) ->
         num_key_value_heads=preset.num_kv_heads,
         head_dim=preset.head_dim,
         max_position_embeddings=MAX_POSITION_EMBEDDINGS,
-        initializer_range=INITIALIZER_RANGE,
+        initializer_range=preset.initializer_range,
         tie_word_embeddings=True,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
