@@ -72,6 +72,16 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+# Published models' shapes (Preset + vocabulary size), built with random weights where their weights cannot be had:
+# speed figures only (benchmarks/trainer_mfu.py, benchmarks/engine_vs_hf.py `--shape`, docs/gpu.md).
+SHAPES: dict[str, tuple[Preset, int]] = {
+    "smollm2-135m": (Preset("llama", hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+                            intermediate_size=1536), 49152),
+    "qwen2.5-0.5b": (Preset("qwen2", hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,
+                            intermediate_size=4864), 151936),
+}  # fmt: skip
+
+
 def get_preset(name: str) -> Preset:
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
@@ -80,10 +90,22 @@ def get_preset(name: str) -> Preset:
 
 def build_config(name: str, tokenizer: PreTrainedTokenizerBase | None = None) -> PretrainedConfig:
     """The HF config of preset `name`, with vocabulary and special ids taken from `tokenizer` (default: ours)."""
-    preset = get_preset(name)
     tok = tokenizer if tokenizer is not None else build_tokenizer()
+    special = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id}
+    return _config(get_preset(name), len(tok), special)
+
+
+def shape_config(name: str) -> PretrainedConfig:
+    """The HF config of the published shape `name` (SHAPES), for a random-init model of that size."""
+    if name not in SHAPES:
+        raise ValueError(f"unknown model shape {name!r}; valid shapes: {', '.join(SHAPES)}")
+    preset, vocab_size = SHAPES[name]
+    return _config(preset, vocab_size, {"eos_token_id": 0, "pad_token_id": 0, "bos_token_id": 0})
+
+
+def _config(preset: Preset, vocab_size: int, special: dict[str, int | None]) -> PretrainedConfig:
     return CONFIG_CLASSES[preset.arch](
-        vocab_size=len(tok),
+        vocab_size=vocab_size,
         hidden_size=preset.hidden_size,
         intermediate_size=preset.intermediate_size,
         num_hidden_layers=preset.num_layers,
@@ -93,10 +115,8 @@ def build_config(name: str, tokenizer: PreTrainedTokenizerBase | None = None) ->
         max_position_embeddings=MAX_POSITION_EMBEDDINGS,
         initializer_range=preset.initializer_range,
         tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
         dtype="float32",
+        **special,
     )
 
 

@@ -66,8 +66,9 @@ def plan_prefixes(input_ids: Tensor, attention_mask: Tensor, prompt_lens: Tensor
         group_of_row.append(index[key])
     if len(index) == len(group_of_row):
         return None
-    first = torch.tensor(first_row)
-    return PrefixPlan(torch.tensor(group_of_row), first, prompt_lens[first], prompt_lens, row_lens)
+    device = input_ids.device
+    first = torch.tensor(first_row, device=device)
+    return PrefixPlan(torch.tensor(group_of_row, device=device), first, prompt_lens[first], prompt_lens, row_lens)
 
 
 def supports_shared_prefix(model: torch.nn.Module) -> bool:
@@ -100,12 +101,13 @@ def token_logprobs_shared(
         return None
     lm = unwrapped(model)
     prompt_hidden, response_hidden, response_ids = _forward(lm, input_ids, plan)
-    last = prompt_hidden[torch.arange(plan.num_groups), plan.prompt_lens - 1]  # predicts each response's 1st token
+    groups = torch.arange(plan.num_groups, device=input_ids.device)
+    last = prompt_hidden[groups, plan.prompt_lens - 1]  # predicts each response's 1st token
     hidden = torch.cat([last[plan.group_of_row, None], response_hidden[:, :-1]], dim=1)  # [B, S, H]
     # Response position j of row i is next-token position prompt_len_i - 1 + j of the plain layout.
     width = input_ids.shape[1] - 1
     span = response_ids.shape[1]
-    cols = plan.row_prompt_lens[:, None] - 1 + torch.arange(span)[None]
+    cols = plan.row_prompt_lens[:, None] - 1 + torch.arange(span, device=input_ids.device)[None]
     if only is not None:
         keep = (cols < width) & (only.gather(1, cols.clamp(max=width - 1)) != 0)
         rows, at = keep.nonzero(as_tuple=True)
@@ -151,7 +153,8 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
     response_lens = plan.row_lens - plan.row_prompt_lens
     span = int(response_lens.max())
     prompt_ids = input_ids[plan.first_row, :prompt_width]  # tokens past a prompt's end are never attended to
-    offsets = torch.arange(span)[None]
+    device = input_ids.device
+    offsets = torch.arange(span, device=device)[None]
     gather_at = (plan.row_prompt_lens[:, None] + offsets).clamp(max=input_ids.shape[1] - 1)
     response_ids = input_ids.gather(1, gather_at)
     real = (offsets < response_lens[:, None]).flatten().nonzero().squeeze(1)  # [N] into the flattened [B, S]
@@ -160,7 +163,7 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
         [prompt_ids.numel(), len(real)]
     )
     x_p = x_p.view(*prompt_ids.shape, -1)
-    rope_p = inner.rotary_emb(x_p, torch.arange(prompt_width)[None].expand(plan.num_groups, -1))
+    rope_p = inner.rotary_emb(x_p, torch.arange(prompt_width, device=device)[None].expand(plan.num_groups, -1))
     pad = -len(real) % ROW_MULTIPLE  # zero rows after the packed tokens: never attended to, no loss, no gradient
     x_r = F.pad(x_r, (0, 0, 0, pad))
     positions_r = F.pad((plan.row_prompt_lens[:, None] + offsets).flatten()[real], (0, pad))
@@ -173,9 +176,9 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
     dtype, group = _compute_dtype(x_r), num_heads // num_kv
     biases = {}
     for p, n in set(zip(prompt_lens, lens, strict=True)):
-        visible = torch.cat([torch.ones(n, p, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
-        biases[p, n] = _mask_bias(visible, group, dtype)
-    causal = _mask_bias(torch.ones(prompt_width, prompt_width, dtype=torch.bool).tril(), group, dtype)
+        visible = torch.ones(n, p + n, dtype=torch.bool, device=device)
+        biases[p, n] = _mask_bias(visible.tril_(p), group, dtype)  # the whole prompt, then causally
+    causal = _mask_bias(torch.ones(prompt_width, prompt_width, dtype=torch.bool, device=device).tril(), group, dtype)
     shape = (num_heads, num_kv, head_dim)
     for layer in inner.layers:
         attn = layer.self_attn
@@ -210,7 +213,8 @@ def _attend_prompts(q: Tensor, k: Tensor, v: Tensor, causal: Tensor) -> Tensor:
 
 def _mask_bias(visible: Tensor, group: int, dtype: torch.dtype) -> Tensor:
     """The additive mask [group * n, L] (0 where visible [n, L], else -inf) of one KV head's `group` query heads."""
-    return torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf")).repeat(group, 1)
+    bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return bias.masked_fill_(~visible, float("-inf")).repeat(group, 1)
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
