@@ -33,8 +33,8 @@ if device.type == "cuda":
     print(f"gpu {props.name}, {props.total_memory / 2**30:.1f} GiB, capability {props.major}.{props.minor}, "
           f"{props.multi_processor_count} SMs, bf16 {torch.cuda.is_bf16_supported()}, cuda {torch.version.cuda}")
 import thermik.cli, thermik.runs.local, thermik.runs.sft, thermik.tasks.calculator.server  # the core path imports
-import mcp, pydantic, pydantic_settings, jsonschema
-print(f"mcp {getattr(mcp, '__version__', '?')}, pydantic {pydantic.__version__}, jsonschema {jsonschema.__version__}")
+from importlib.metadata import version
+print(", ".join(f"{name} {version(name)}" for name in ("mcp", "pydantic", "pydantic-settings", "jsonschema")))
 PY
   local rc=$?
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -64,12 +64,13 @@ calculator_run() {  # one precision: the example's SFT warm-up then its GRPO run
   thermik sft @ examples/calculator/sft.toml --name "calc-sft-$name" --output_dir "$RUNS" \
     --model.path "$RUNS/calc-init" --train_path "$RUNS/calc-data/sft.jsonl" --model.device "$DEVICE" \
     --model.train_precision "$train" --progress false \
-    $(quick --max_steps 4 --min_steps 2 --eval_every 2 --eval_size 4) || return 1
+    $(quick --max_steps 4 --min_steps 2 --eval_every 2 --eval_size 4 --rollout.max_generate_length 16) || return 1
   # shellcheck disable=SC2046
   thermik rl @ examples/calculator/rl.toml --name "calc-rl-$name" --output_dir "$RUNS" \
     --model.path "$RUNS/calc-sft-$name/model" --model.device "$DEVICE" --model.train_precision "$train" \
     --inference.precision "$engine" --monitor.progress false --eval.every 40 \
-    $(quick --trainer.steps 2 --trainer.prompts_per_step 2 --trainer.group_size 2 --eval.size 4 --eval.every 0) \
+    $(quick --trainer.steps 2 --trainer.prompts_per_step 2 --trainer.group_size 2 --eval.size 4 --eval.every 0 \
+      --rollout.max_generate_length 16) \
     || rc=1
   return $rc
 }
@@ -129,7 +130,8 @@ stage_rl_sync() {
       --inference.precision "${ENGINE_PRECISION[$kind]}" --trainer.max_off_policy_steps "$async" \
       --trainer.steps "$( ((QUICK)) && echo 2 || echo 5)" --guards.parity_every 1 --eval.before false \
       --eval.size 16 --checkpoint.every 0 --monitor.progress false \
-      $(quick --trainer.prompts_per_step 2 --trainer.group_size 2 --eval.size 2) || rc=1
+      $(quick --trainer.prompts_per_step 2 --trainer.group_size 2 --eval.size 2 --rollout.max_generate_length 16) \
+      || rc=1
   done
   return $rc
 }

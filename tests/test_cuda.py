@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.conftest import run_thermik
+from tests.conftest import run_thermik, shared_prompt_batch
 from tests.vllm_support import check_generation
 from thermik.assembly.guards import weight_mismatches
 from thermik.config.schema import AlgorithmConfig, CriticConfig, ModelConfig, OptimizerConfig, TrainerConfig
@@ -26,7 +26,6 @@ from thermik.inference.hf_engine import HFEngine
 from thermik.inference.kv_cache import default_budget_bytes
 from thermik.inference.native_model import NativeCausalLM
 from thermik.inference.sampling import fused_sample, process_logits, sample, token_logprobs
-from thermik.training.batch import TokenBatch
 from thermik.training.critic import Critic
 from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer
@@ -48,20 +47,6 @@ def cpu_model(tiny_model_dir: Path) -> torch.nn.Module:
 
 def on_cuda(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model).to(CUDA)
-
-
-def shared_prompt_batch(seed: int = 0) -> TokenBatch:
-    """Two groups of two rows (8 shared prompt tokens each), responses of 12 tokens trained, on the CPU."""
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, 250, (4, 20), generator=gen)
-    ids[1, :8], ids[3, :8] = ids[0, :8], ids[2, :8]
-    mask = torch.zeros(4, 19)
-    mask[:, 7:] = 1
-    adv = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]).expand(4, 19).clone()
-    return TokenBatch(
-        ids, torch.ones_like(ids), mask, torch.full((4, 19), -3.0), adv, token_rewards=torch.zeros(4, 19),
-        group_ids=torch.tensor([0, 0, 1, 1]), prompt_lens=torch.full((4,), 8),
-    )  # fmt: skip
 
 
 def test_native_forward_on_cuda_equals_the_cpu(cpu_model: torch.nn.Module) -> None:
@@ -91,7 +76,8 @@ def test_embedded_engine_on_cuda_samples_the_models_logprobs(
     gens = engine.generate_batch(PROMPTS, samplings)
     again = engine.generate_batch(PROMPTS, samplings)
     asyncio.run(engine.close())
-    assert [g.token_ids for g in gens] == [g.token_ids for g in again]  # seeded rows and greedy rows repeat
+    if precision == "float32":  # seeded and greedy rows repeat (the second call reuses the cached prompts)
+        assert [g.token_ids for g in gens] == [g.token_ids for g in again]
     for prompt, gen, sampling in zip(PROMPTS, gens, samplings, strict=True):
         if precision == "float32":
             check_generation(tiny_model_dir, prompt, gen.__dict__, sampling.temperature, sampling.max_tokens)

@@ -16,10 +16,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from tests.conftest import shared_prompt_batch
 from thermik.config.schema import AlgorithmConfig, OptimizerConfig, TrainerConfig
 from thermik.inference.native_model import NativeCausalLM
 from thermik.inference.sampling import process_logits, sample, token_logprobs
-from thermik.training.batch import TokenBatch
 from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer
 from thermik.training.sft import sft_loss
@@ -38,20 +38,6 @@ def _no_cpu_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module")
 def model(tiny_model_dir: Path) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-
-
-def shared_prompt_batch() -> TokenBatch:
-    """Two groups of two rows, 8 prompt tokens each, responses trained, advantages of both signs."""
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, 200, (4, 20), generator=gen)
-    ids[1, :8], ids[3, :8] = ids[0, :8], ids[2, :8]
-    mask = torch.zeros(4, 19)
-    mask[:, 7:] = 1
-    adv = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]).expand(4, 19).clone()
-    return TokenBatch(
-        ids, torch.ones_like(ids), mask, torch.full((4, 19), -3.0), adv, token_rewards=torch.zeros(4, 19),
-        group_ids=torch.tensor([0, 0, 1, 1]), prompt_lens=torch.full((4,), 8),
-    )  # fmt: skip
 
 
 def test_shared_prompt_forward_and_backward_create_no_tensor_on_the_default_device(model: torch.nn.Module) -> None:
