@@ -18,8 +18,11 @@ from transformers import AutoModelForCausalLM
 
 from tests.conftest import shared_prompt_batch
 from thermik.config.schema import AlgorithmConfig, OptimizerConfig, TrainerConfig
+from thermik.cpu import gemm
+from thermik.cpu import kernels as cpu_kernels
 from thermik.inference.native_model import NativeCausalLM
 from thermik.inference.sampling import process_logits, sample, token_logprobs
+from thermik.training import fused_ops
 from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer
 from thermik.training.sft import sft_loss
@@ -122,7 +125,36 @@ def test_vocab_logprobs_forward_and_backward_create_no_tensor_on_the_default_dev
     torch.testing.assert_close(results[1], results[0])
 
 
+def test_the_c_kernels_are_never_handed_a_tensor_off_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each CPU-only kernel refuses (packed weights) or declines (None: the caller's PyTorch path runs) a tensor that
+    lives elsewhere, while it takes the same tensor on the CPU; on a GPU the C code would read device pointers as
+    host memory."""
+    monkeypatch.setenv("THERMIK_CPU_KERNELS", "1")
+    if cpu_kernels.load_vocab() is None or cpu_kernels.load_train() is None or cpu_kernels.load_checksum() is None:
+        pytest.skip("no C compiler: the kernels are not built here")
+    on_cpu, off_cpu = torch.zeros(64, 64), torch.zeros(64, 64, device=META)
+    with pytest.raises(ValueError, match="CPU-only"):
+        gemm.Packed(off_cpu, "float32")
+    assert gemm.choose(("float32",), off_cpu, 1 << 30) == ("blas", {})
+    assert cpu_kernels.vocab_kernels_for(on_cpu[None]) is not None
+    assert cpu_kernels.vocab_kernels_for(off_cpu[None]) is None
+    assert fused_ops._kernels(on_cpu) is not None and fused_ops._kernels(on_cpu, off_cpu) is None
+    checksum = cpu_kernels.load_checksum()
+    assert checksum(on_cpu, torch.float32) is not None and checksum(off_cpu, torch.float32) is None
+
+
 def test_a_token_batch_moves_every_tensor() -> None:
     moved = shared_prompt_batch().to(META)
     assert all(t is None or t.device == META for t in moved.__dict__.values())
     assert moved.old_logp is None and moved.values is None
+
+
+@pytest.mark.parametrize("precision", ["int8", "bf16-weights"])
+def test_packed_engine_precisions_are_refused_off_the_cpu(precision: str) -> None:
+    from pydantic import ValidationError
+
+    from thermik.config.schema import RunConfig
+
+    with pytest.raises(ValidationError, match=f"inference.precision = '{precision}' packs the weights .* 'cuda'"):
+        RunConfig.model_validate({"model": {"device": "cuda"}, "inference": {"precision": precision}})
+    assert RunConfig.model_validate({"inference": {"precision": precision}}).inference.precision == precision

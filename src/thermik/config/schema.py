@@ -24,6 +24,19 @@ def regex_checked(pattern: str) -> str:
     return pattern
 
 
+def check_engine_precision(precision: str, device: str) -> None:
+    """Refuse an `inference.precision` the device cannot run: bfloat16 on a CPU without bfloat16 arithmetic, and the
+    packed-weight formats (thermik's C kernels, CPU-only) on any other device."""
+    if precision == "bfloat16":
+        check_bf16("inference.precision", precision, device)
+    if precision in ("bf16-weights", "int8") and not device.startswith("cpu"):
+        raise ValueError(
+            f"inference.precision = {precision!r} packs the weights for thermik's CPU kernels; model.device is "
+            f"{device!r}: set inference.precision = 'auto' (bfloat16 on a GPU that supports it), 'bfloat16' or "
+            "'float32'"
+        )
+
+
 class Section(BaseModel):
     """Base for every config section: frozen, unknown keys rejected."""
 
@@ -732,8 +745,7 @@ class RunConfig(Section):
             )
         if self.distributed.enabled:
             self._check_ray_loop()
-        if self.inference.precision == "bfloat16":
-            check_bf16("inference.precision", self.inference.precision, self.model.device)
+        check_engine_precision(self.inference.precision, self.model.device)
         return self
 
     def _check_ray_loop(self) -> None:
@@ -855,6 +867,5 @@ class ServeConfig(Section):
     def _embedded_only(self) -> ServeConfig:
         if self.inference.backend != "embedded":
             raise ValueError("inference.backend must be 'embedded' for `thermik inference` (it serves a local model)")
-        if self.inference.precision == "bfloat16":
-            check_bf16("inference.precision", self.inference.precision, self.model.device)
+        check_engine_precision(self.inference.precision, self.model.device)
         return self
