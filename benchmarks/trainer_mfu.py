@@ -26,8 +26,8 @@ causal; forward + backward = 3x the forward either way, their inputs need gradie
 
 `--before` adds "full float32-before": the float32 full fine-tune as main ran it before the vocabulary kernels and
 fused AdamW (training/vocab_logprobs.py, training/optim.py): a float32 log-softmax over the whole [B, T, V] logits,
-gather, the entropy from it, and AdamW's per-tensor loop. That is the "today's float32" the bf16 target of issue 15
-is stated against; the plain "full float32" row runs the current code in float32.
+gather, the entropy from it, and AdamW's per-tensor loop. It is the float32 step the bf16-mixed speed-up is
+stated against; the plain "full float32" row runs the current code in float32.
 
     python benchmarks/trainer_mfu.py                                  # qwen2-5m preset
     python benchmarks/trainer_mfu.py --model /work/models/SmolLM2-135M-Instruct --batch 4 --seq 256 --rounds 2

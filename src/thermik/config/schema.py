@@ -597,7 +597,8 @@ class CheckpointConfig(Section):
 
 
 class GuardsConfig(Section):
-    """Consistency guards of the local run mode (assembly/guards.py); each stops the run naming itself."""
+    """Consistency guards between engines and trainer, local and Ray modes (assembly/guards.py); each stops the run
+    naming itself."""
 
     weight_checksum: bool = Field(
         True,
@@ -749,21 +750,12 @@ class RunConfig(Section):
         return self
 
     def _check_ray_loop(self) -> None:
-        """What `thermik rl` on Ray (thermik.runs.ray) does not run yet, named with the way out."""
-        alg = self.algorithm
-        unsupported = {
-            "algorithm.advantage='gae' (a critic)": alg.advantage == "gae",
-            "lora.enabled": self.lora.enabled,
-            "trainer.max_off_policy_steps > 0 (asynchronous training)": self.trainer.max_off_policy_steps > 0,
-            "algorithm.kl_mode='reward'": alg.kl_coef > 0 and alg.kl_mode == "reward",
-            "algorithm.kl_controller='adaptive'": alg.kl_coef > 0 and alg.kl_controller == "adaptive",
-            "algorithm.teacher (on-policy distillation)": bool(alg.teacher),
-        }
-        named = [name for name, on in unsupported.items() if on]
-        if named:
+        """What `thermik rl` on Ray (thermik.runs.ray) cannot run, named with the way out."""
+        if self.lora.enabled and self.distributed.strategy == "fsdp2":
             raise ValueError(
-                f"distributed.enabled does not support {', '.join(named)} yet; turn those off or run on one "
-                "process (distributed.enabled=false)"
+                "lora.enabled with distributed.strategy='fsdp2': the engines get the adapters merged into full "
+                "weights, which FSDP2's sharded parameters do not give; use distributed.strategy='ddp' with LoRA "
+                "(its adapters are small) or turn lora.enabled off"
             )
 
 

@@ -31,8 +31,8 @@ from thermik.training.batch import effective_temperature, logprobs_and_entropy
 from thermik.training.fused_head import embed, head_logprobs
 from thermik.training.fused_ops import gated_mlp, rms_norm_to, rope_heads_first
 
-# The packed response rows are padded to a multiple of this: oneDNN's bfloat16 products on other row counts run up
-# to ~30% slower ([1739, 576] x [576, 1536]: 557 GFLOP/s against 811 at 1744 rows; benchmarks/README.md).
+# The packed response rows are padded to a multiple of this: oneDNN's bfloat16 products run markedly slower on
+# other row counts.
 ROW_MULTIPLE = 16
 
 
@@ -204,8 +204,7 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
 
 def _attend_prompts(q: Tensor, k: Tensor, v: Tensor, causal: Tensor) -> Tensor:
     """Causal attention of the prompts: the flash kernel in float32, `_attend` in bfloat16, where the flash kernel's
-    backward is slow on CPU (2 x 206 tokens, forward and backward per layer: 6.3 ms against 4.2; float32 5.2 against
-    7.0)."""
+    backward is slower on CPU than two matmuls and a softmax; in float32 the flash kernel is the faster."""
     if q.dtype == torch.float32:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
     return _attend(q, k, v, causal)
@@ -220,9 +219,8 @@ def _mask_bias(visible: Tensor, group: int, dtype: torch.dtype) -> Tensor:
 def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
     """Attention of queries q [B, H, n, D] over keys and values [B, KV, L, D] under the additive mask `bias` [H/KV *
     n, L] (`_mask_bias`), as two matmuls and a float32 softmax: each KV head's query group is one product (no
-    repeated keys), and the mask is added by the first product (no masking pass, forward or backward). For one row
-    of ~100 queries this is ~1.8x faster than the flash kernel with a mask in bfloat16 (which computes the masked
-    blocks too), and as fast in float32."""
+    repeated keys), and the mask is added by the first product (no masking pass, forward or backward). In bfloat16
+    this beats the flash kernel with a mask, which computes the masked blocks too."""
     batch, heads, n, dim = q.shape
     kv, width = k.shape[1], k.shape[2]
     group = heads // kv
