@@ -15,8 +15,8 @@ SHORT = [
 
 
 def eval_then_rl(tmp_path: Path, model_dir: Path, *args: str, timeout: float = 600, **env: str) -> dict[str, Any]:
-    """Runs `thermik eval` and `thermik rl` (3 steps of 2 prompts x 2 samples) with `args`; returns {"eval": the
-    eval.json scores, "steps": metrics.jsonl lines of the RL steps, "rl_eval": the RL run's evaluation after}."""
+    """Runs `thermik eval` (4 problems) and `thermik rl` (3 steps of 2 prompts x 2 samples) with `args`, checks that
+    both ran all of it; returns {"eval": the eval.json scores, "steps": metrics.jsonl lines of the RL steps}."""
     common = ["--model.path", str(model_dir), "--output_dir", str(tmp_path), *SHORT, *args]
     done = run_thermik("eval", "--name", "ev", *common, timeout=timeout, **env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -25,4 +25,6 @@ def eval_then_rl(tmp_path: Path, model_dir: Path, *args: str, timeout: float = 6
     done = run_thermik("rl", "--name", "rl", *common, *steps, "--eval.before", "false", timeout=timeout, **env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     lines = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
-    return {"eval": scores, "steps": [x for x in lines if "reward/mean" in x]}
+    steps = [x for x in lines if "reward/mean" in x]
+    assert scores["n"] == 4 and [x["step"] for x in steps] == [1, 2, 3], (scores, steps)
+    return {"eval": scores, "steps": steps}

@@ -112,10 +112,8 @@ def test_a_missing_datasets_package_names_the_extra(files: dict[str, Path], monk
 
 @pytest.mark.slow
 def test_eval_and_rl_run_on_a_saved_dataset(files: dict[str, Path], tiny_model_dir: Path, tmp_path: Path) -> None:
-    out = eval_then_rl(
+    eval_then_rl(
         tmp_path, tiny_model_dir, "--env.name", "gsm8k",
         "--data.train_path", str(files["dict"]), "--data.eval_path", str(files["test"]),
         "--data.columns.prompt", "question", "--data.columns.answer", "answer",
     )  # fmt: skip
-    assert out["eval"]["n"] == 4
-    assert [x["step"] for x in out["steps"]] == [1, 2, 3]

@@ -177,9 +177,7 @@ def test_eval_and_rl_run_on_an_openenv_environment(
     where: str, request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     name = IN_PROCESS if where == "in_process" else request.getfixturevalue("server")
-    out = eval_then_rl(
+    eval_then_rl(
         tmp_path, tiny_model_dir, "--env.name", name, "--data.synthetic_train_size", "8",
         PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
     )  # fmt: skip
-    assert out["eval"]["n"] == 4
-    assert [x["step"] for x in out["steps"]] == [1, 2, 3]

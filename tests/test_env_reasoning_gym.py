@@ -109,10 +109,8 @@ def test_synthesize_writes_rows_and_answers(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_eval_and_rl_run_on_a_reasoning_gym_composite(tiny_model_dir: Path, tmp_path: Path) -> None:
-    out = eval_then_rl(
+    eval_then_rl(
         tmp_path, tiny_model_dir, "--env.name", "reasoning_gym:composite",
         "--env.reasoning_gym.weights", "{leg_counting = 1, basic_arithmetic = 1}",
         "--env.reasoning_gym.system_prompt", "", "--data.synthetic_train_size", "16",
     )  # fmt: skip
-    assert out["eval"]["n"] == 4
-    assert [x["step"] for x in out["steps"]] == [1, 2, 3]

@@ -236,7 +236,12 @@ async def rollout_row(
     """One episode of a dataset row in a fresh environment (closed afterwards)."""
     env = make_env(row)
     try:
-        traj = await run_episode(engine, env, chat, row["prompt"], limits, sampling, group_id, seed)
+        if env.plays_episode:  # another framework plays it and calls the engine back (rollout/verifiers.py)
+            from thermik.rollout.verifiers import play
+
+            traj = await play(engine, env, chat, row["prompt"], limits, sampling, group_id, seed)
+        else:
+            traj = await run_episode(engine, env, chat, row["prompt"], limits, sampling, group_id, seed)
     finally:
         await env.aclose()
     traj.env_name = row.get("env_class", "")

@@ -1,4 +1,4 @@
-"""Trajectory: one sampled episode in exact token ids (docs/architecture.md, 'Contracts')."""
+"""Trajectory: one sampled episode in exact token ids (DESIGN.md, contract 'Trajectory')."""
 
 from __future__ import annotations
 

@@ -20,16 +20,16 @@ from thermik.inference.remote import THERMIK_OWNER
 from thermik.inference.server import outputs, streaming
 from thermik.inference.server.chat_render import render_chat
 from thermik.inference.server.errors import ApiError, error_body
+from thermik.inference.server.generate import SESSION_HEADER, GenerateHook, GenerateRequest, generate
 from thermik.inference.server.protocol import (
     MAX_GENERATIONS,
+    SEED_MOD,
     ChatCompletionRequest,
     CompletionRequest,
     UpdateWeightsRequest,
     _Sampling,
 )
 from thermik.tools.parsers import TOOL_CALL_OPEN
-
-SEED_MOD = 2**63
 
 
 class OpenAIServer:
@@ -391,9 +391,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def build_app(
-    engine: InferenceEngine, tokenizer: Any, model_name: str, api_key: str | None = None, max_model_len: int = 2048
+    engine: InferenceEngine,
+    tokenizer: Any,
+    model_name: str,
+    api_key: str | None = None,
+    max_model_len: int = 2048,
+    on_generate: GenerateHook | None = None,
 ) -> FastAPI:
-    """OpenAI-compatible app over `engine`. `tokenizer` is the model's HF tokenizer (with its chat template)."""
+    """OpenAI-compatible app over `engine`. `tokenizer` is the model's HF tokenizer (with its chat template);
+    `on_generate(prompt_ids, generation)` sees every completion of /inference/v1/generate."""
     server = OpenAIServer(engine, tokenizer, model_name, max_model_len)
 
     async def check_key(request: Request) -> None:
@@ -414,5 +420,11 @@ def build_app(
     app.post("/v1/completions", dependencies=auth)(server.completions)
     app.post("/v1/chat/completions", dependencies=auth)(server.chat_completions)
     app.post("/update_weights", dependencies=auth)(server.update_weights)
+
+    @app.post("/inference/v1/generate", dependencies=auth)
+    async def token_generate(body: GenerateRequest, request: Request) -> dict[str, Any]:
+        """vLLM's token-in endpoint (verifiers' and prime-rl's training clients): inference/server/generate.py."""
+        return await generate(server, body, request.headers.get(SESSION_HEADER), on_generate)
+
     app.state.server = server
     return app

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]
 MAX_N = 64
+SEED_MOD = 2**63
+"""Request seeds are taken modulo this (the engines' seed range)."""
 MAX_TOP_LOGPROBS = 20
 MAX_GENERATIONS = 256
 """Generations one request may queue (prompts x n): one request must not monopolize the engine."""
