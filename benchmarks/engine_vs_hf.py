@@ -1,7 +1,8 @@
 """The embedded engine against transformers `generate`, session reuse against re-prefilling, weight-update cost.
 
-One process, one model: a freshly initialised preset (thermik.models.presets.init_model) or any local HF directory
-(`--model DIR`), in `--dtype` (float32 or bfloat16), three measurements:
+One process, one model: a freshly initialised preset (thermik.models.presets.init_model), a random-init model of a
+published shape (`--shape smollm2-135m|qwen2.5-0.5b`) or any local HF directory (`--model DIR`), in `--dtype` (float32
+or bfloat16) on `--device` (cpu, cuda), three measurements:
 
 1. Throughput: `--batch` prompts, exactly `--max-tokens` sampled tokens each (no eos stop on either side),
    temperature 1, no top-k/top-p. transformers: `model.generate(do_sample=True, min_new_tokens=max_new_tokens)`
@@ -35,6 +36,10 @@ smaller instruction set (THERMIK_CPU_ISA, ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_IS
     THERMIK_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/engine_vs_hf.py \
         --model /work/models/SmolLM2-135M-Instruct --precision auto --compare int8 --batch 64 --max-tokens 128 \
         --single-stream --gguf /work/models/SmolLM2-135M-Instruct.Q8_0.gguf --only throughput
+    python benchmarks/engine_vs_hf.py --device cuda --shape qwen2.5-0.5b --dtype bfloat16 --batch 64 \
+        --max-tokens 128 --only throughput --no-roofline
+
+On a GPU the CPU peak lines are skipped and every timing ends with the GPU's last kernel.
 """
 
 from __future__ import annotations
@@ -57,10 +62,16 @@ from thermik.cpu.precision import PRECISIONS, apply_precision, projection_format
 from thermik.inference.base import SamplingParams
 from thermik.inference.embedded import EmbeddedEngine
 from thermik.inference.native_model import NativeCausalLM, can_prepack
-from thermik.models.presets import PRESETS, init_model
+from thermik.models.presets import PRESETS, SHAPES, init_model, shape_config
 
 PAD = 0
 WEIGHT_BYTES = 96 * 2**20  # weight copies cycled by the matmul microbenchmark: more than this CPU's 32 MiB L3
+
+
+def synchronize() -> None:
+    """Wait for queued GPU work (a CUDA call returns before its kernels end); nothing where CUDA is unused."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def best_of(repeats: int, sides: dict[str, Callable[[], object]]) -> dict[str, float]:
@@ -70,8 +81,10 @@ def best_of(repeats: int, sides: dict[str, Callable[[], object]]) -> dict[str, f
         fn()
     for _ in range(repeats):
         for name, fn in sides.items():
+            synchronize()
             t0 = now()
             fn()
+            synchronize()
             times[name].append(now() - t0)
     return {name: min(ts) for name, ts in times.items()}
 
@@ -90,8 +103,8 @@ def hf_generate(model: PreTrainedModel, batch: list[list[int]], max_tokens: int)
         mask[i, width - len(p) :] = 1
     with torch.inference_mode():
         out = model.generate(
-            ids,
-            attention_mask=mask,
+            ids.to(model.device),
+            attention_mask=mask.to(model.device),
             do_sample=True,
             temperature=1.0,
             top_k=0,
@@ -147,8 +160,8 @@ def throughput_row(model: PreTrainedModel, hf_model: PreTrainedModel, batch: int
     tokens = batch * args.max_tokens
     rates = {name: tokens / seconds for name, seconds in best.items()}
     hf = rates["transformers generate"]
-    print(f"throughput ({args.name}, {args.dtype}, batch {batch}, {args.max_tokens} sampled tokens, best of "
-          f"{args.repeats}):")  # fmt: skip
+    print(f"throughput ({args.name}, {args.dtype}, {args.device}, batch {batch}, {args.max_tokens} sampled tokens, "
+          f"best of {args.repeats}):")  # fmt: skip
     print(f"  transformers generate {hf:8.0f} tok/s")
     for name in names:
         print(f"  {name:21s} {rates[name]:8.0f} tok/s   ratio to transformers {rates[name] / hf:.2f}x")
@@ -290,12 +303,15 @@ def llama_cpp_rate(llama: type, gguf: str, args: argparse.Namespace) -> float:
 def throughput(model: PreTrainedModel, args: argparse.Namespace) -> None:
     hf_model = copy.deepcopy(model)  # transformers runs on its own weights (the engine re-lays out the model's)
     batches = [args.batch, 1] if args.single_stream and args.batch != 1 else [args.batch]
-    print(isa_line())
-    peak = fma_peak(args.repeats)["peak"]
-    print(peak_line({"peak": peak}))
+    peak = 0.0
+    if model.device.type == "cpu":  # the CPU's float32 FMA peak: what the CPU roofline lines compare with
+        print(isa_line())
+        rates = fma_peak(args.repeats)
+        print(peak_line(rates))
+        peak = rates["peak"]
     for batch in batches:
         rates = throughput_row(model, hf_model, batch, args)
-        if args.roofline:
+        if args.roofline and peak:
             rate, flops = roofline(model, batch, args)
             gflop, peak_tok_s = flops / 1e9, peak / flops
             print(f"  FMA-peak roofline: {peak_tok_s:.0f} tok/s ({peak / 1e9:.0f} GFLOP/s / {gflop:.3f} GFLOP/token)")
@@ -360,10 +376,24 @@ def weight_update(model: PreTrainedModel, args: argparse.Namespace) -> None:
     print(f"  state_dict copy {base:7.2f} ms   engine.update_weights {ours:7.2f} ms   ratio {ours / base:.2f}x")
 
 
+def load(args: argparse.Namespace) -> PreTrainedModel:
+    """The model in --dtype on --device: a --shape built with random weights, else --model or a fresh --preset."""
+    dtype = getattr(torch, args.dtype)
+    if args.shape:
+        with torch.device(args.device):
+            return AutoModelForCausalLM.from_config(shape_config(args.shape)).to(dtype).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.model or init_model(args.preset, Path(tmp) / args.preset, seed=args.seed)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
+    return model.to(args.device)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="qwen2-5m", choices=sorted(PRESETS))
     parser.add_argument("--model", default="", help="a local HF model directory instead of a fresh --preset")
+    parser.add_argument("--shape", default="", choices=("", *SHAPES), help="a random-init published shape instead")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:0")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--single-stream", action="store_true", help="also measure throughput at batch 1")
     parser.add_argument("--no-roofline", dest="roofline", action="store_false", help="skip the matmul roofline")
@@ -389,13 +419,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    args.name = Path(args.model).name if args.model else args.preset
-    with tempfile.TemporaryDirectory() as tmp:
-        path = args.model or init_model(args.preset, Path(tmp) / args.preset, seed=args.seed)
-        dtype = getattr(torch, args.dtype)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
+    args.name = args.shape or (Path(args.model).name if args.model else args.preset)
+    model = load(args)
+    gpu = f" ({torch.cuda.get_device_name(model.device)})" if model.device.type == "cuda" else ""
+    threads = torch.get_num_threads()
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.name} in {args.dtype}, {args.clock} clock"
+        f"torch {torch.__version__}, {threads} threads, {args.name} in {args.dtype} on {args.device}{gpu}, "
+        f"{args.clock} clock"
     )
     for name, fn in (("throughput", throughput), ("multi_turn", multi_turn), ("weight_update", weight_update)):
         if not args.only or name in args.only:

@@ -9,12 +9,11 @@ through the MCP calculator, full fine-tune) for --steps steps in each precision:
 
 `--before REV` adds a third run first: the float32 step as thermik's code at git revision REV ran it (its source is
 exported from git into a temporary directory and run with the same config, flags, data and checkpoint). The
-issue's "today's float32 step" is the float32 step before the bf16 work; the earliest revision that runs this
-example is eeb00c9 (issue 15's bf16 engine and trainer had landed, in float32 they run the code paths of before;
-the speed work of later sessions, which float32 shares, had not). That run turns off the weight-checksum guard,
-which the step at the issue's filing did not have; two changes between the filing and eeb00c9 made its float32
-step faster (the inverse-CDF sampler, entropy from the computed log-softmax), so the revision is, if anything,
-faster than the step the issue measured.
+earliest revision that runs this example is eeb00c9: its bf16 engine and trainer exist, and in float32 it runs
+the code paths from before the CPU speed work (kernels, packing, fused sampler and optimizer), which float32 shares
+today. That run turns off the weight-checksum guard, which that step did not have; the inverse-CDF sampler and the
+entropy from the computed log-softmax already make its float32 step faster than older code, so it is a
+conservative baseline.
 
 The runs alternate --rounds times (so background load hits them alike), each in a process of its own (no run
 inherits another's heap). Each run starts from the same checkpoint and seed. Prints the mean step time after the

@@ -32,7 +32,7 @@ def race_sample(
     generator: torch.Generator | None = None,
     row_generators: Sequence[torch.Generator | None] | None = None,
 ) -> torch.Tensor:
-    """The sampler before issue 15: argmax(p / E), E = -log U, a full noise row per sequence."""
+    """The exponential race: argmax(p / E), E = -log U, a full noise row per sequence."""
     probs = logits.float().softmax(dim=-1)
     noise = torch.empty_like(probs)
     if row_generators is None or all(g is None for g in row_generators):

@@ -41,6 +41,18 @@ needs_native_bf16 = pytest.mark.skipif(
 )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` need a CUDA device: skipped without one (scripts/gpu_check.sh runs them on a GPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (marker gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A `qwen2-1m` model + tokenizer saved once per session; tests must treat it as read-only."""
@@ -112,3 +124,22 @@ def short_rl_config(
     return RunConfig.model_validate(
         {"name": name, "output_dir": str(tmp_path), "model": {"path": str(model_dir)}, **tree}
     )
+
+
+def shared_prompt_batch():
+    """A CPU `TokenBatch` of two groups of two rows (8 shared prompt tokens each, 12 response tokens trained,
+    advantages of both signs), as collate makes them: for tests of the update's device handling."""
+    import torch
+
+    from thermik.training.batch import TokenBatch
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 200, (4, 20), generator=gen)
+    ids[1, :8], ids[3, :8] = ids[0, :8], ids[2, :8]
+    mask = torch.zeros(4, 19)
+    mask[:, 7:] = 1
+    adv = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]).expand(4, 19).clone()
+    return TokenBatch(
+        ids, torch.ones_like(ids), mask, torch.full((4, 19), -3.0), adv, token_rewards=torch.zeros(4, 19),
+        group_ids=torch.tensor([0, 0, 1, 1]), prompt_lens=torch.full((4,), 8),
+    )  # fmt: skip

@@ -18,7 +18,7 @@ from thermik.inference.native_model import NativeCausalLM
 
 needs_gemm = pytest.mark.skipif(gemm.load() is None, reason="no C compiler: the gemm kernels could not be built")
 pytestmark = needs_gemm
-SHAPES = [(1, 4, 1), (3, 20, 17), (7, 36, 33), (13, 300, 40), (6, 520, 16), (65, 64, 100), (2, 768, 31)]
+SHAPES = [(1, 4, 1), (3, 20, 17), (7, 36, 33), (13, 300, 40), (6, 520, 16), (65, 64, 100), (2, 768, 31), (261, 32, 19)]
 F32_EPS = 2.0**-24
 
 

@@ -187,5 +187,5 @@ def test_the_docs_example_rows_include_the_mcp_row():
 
 @pytest.mark.parametrize(("doc", "block"), _doc_rows())
 def test_example_rows_in_the_docs_validate(doc, block):
-    """Issue 18: the mcp row of docs/tools.md was rejected (`missing field 'data_source'`)."""
+    """The mcp row of docs/tools.md was rejected (`missing field 'data_source'`)."""
     validate_row(json.loads(block), f"docs/{doc}")

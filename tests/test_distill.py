@@ -144,3 +144,18 @@ def test_server_teacher_equals_the_in_process_teacher_and_distills_rl_steps(teac
     steps = [r for r in read_metrics(tmp_path / "distill") if "teacher/kl" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all(math.isfinite(r["teacher/kl"]) and r["time/teacher"] > 0 for r in steps)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"), [("teacher_sft", "sft"), ("student_sft", "sft"), ("distill", "rl"), ("distill", "eval")]
+)
+def test_the_distillation_example_configs_validate(name, kind):
+    from pathlib import Path
+
+    from thermik.config.loader import load_config
+    from thermik.config.schema import EvalRunConfig, RunConfig, SFTConfig
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "distillation" / f"{name}.toml"
+    cfg = load_config({"sft": SFTConfig, "rl": RunConfig, "eval": EvalRunConfig}[kind], ["@", str(path)], env={})
+    if kind == "rl":
+        assert cfg.algorithm.teacher == "runs/distill-teacher/model" and cfg.algorithm.teacher_mode == "distill"

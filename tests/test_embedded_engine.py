@@ -161,7 +161,7 @@ def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 def test_sample_is_an_exact_categorical_draw_across_blocks() -> None:
-    """Issue 15: the two-level inverse CDF draws from the distribution itself, also at block edges and in the tail.
+    """The two-level inverse CDF draws from the distribution itself, also at block edges and in the tail.
 
     Vocab 1000 = three 256-token blocks and a 232-token tail; mass sits on both sides of each block edge, on the
     last token and spread thinly over the rest; tokens 1-9 are filtered out (-inf). 20k seeded draws, Pearson's

@@ -177,7 +177,7 @@ def test_thermik_eval_k8_mixed_envs_writes_8n_records(tiny_model_dir: Path, tmp_
 
 @pytest.mark.slow
 def test_thermik_eval_with_only_eval_path_and_the_mcp_env(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Issue 18, defect 5: no training set is built, so no generator for `mcp` is needed."""
+    """No training set is built, so no generator for `mcp` is needed."""
     rows = [{**r, "env_class": "mcp", "extra_info": {}} for r in generate_rows("calculator", 2, seed=2, split="eval")]
     write_rows(tmp_path / "rows.jsonl", rows)
     server = f"calculator={sys.executable} -m thermik.tasks.calculator.server"

@@ -1,4 +1,4 @@
-"""Issue 18: consistency guards of the local mode. A real `thermik rl` loop in this process on the tiny model; a
+"""Consistency guards of the local mode. A real `thermik rl` loop in this process on the tiny model; a
 stale or corrupted engine weight is injected into the real embedded engine and the run must stop naming the guard."""
 
 from __future__ import annotations

@@ -215,7 +215,7 @@ def test_calculator_rows_replay_through_the_mcp_env_with_the_calculator_server()
     assert sum(wrong.rewards) == 0.0
 
 
-# ---------------------------------------------------------------- issue 18: block order, errors reported as text
+# ---------------------------------------------------------------- block order, errors reported as text
 
 _MIXED = (
     TOOL_CALL_FORMATTERS["hermes"]("add", {"a": 2, "b": 3})

@@ -1,4 +1,4 @@
-"""Issue 18: NaN/inf in a reward, a rollout logprob or a gradient is caught through the real learner and update on
+"""NaN/inf in a reward, a rollout logprob or a gradient is caught through the real learner and update on
 the tiny model: the step is skipped (nothing moves) or the run halts (`algorithm.on_nonfinite`), naming the culprit."""
 
 from __future__ import annotations

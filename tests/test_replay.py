@@ -1,4 +1,4 @@
-"""Issue 18: `thermik rl --record` then `thermik replay RUN --from-step S` re-runs the recorded updates of a
+"""`thermik rl --record` then `thermik replay RUN --from-step S` re-runs the recorded updates of a
 calculator run without an engine or environments and reproduces the weights bit for bit; a tampered record is
 reported as a difference."""
 

@@ -400,7 +400,7 @@ MALFORMED: list[tuple[str, str, Any, int, str | None]] = [
     ("POST", "/v1/completions", _TEXT | {"echo": True}, 400, "echo"),
     ("POST", "/v1/completions", _TEXT | {"seed": 2**70}, 400, "seed"),
     ("POST", "/v1/completions", _TEXT | {"max_tokens": "many"}, 400, "max_tokens"),
-    # issue 18: a lone UTF-16 surrogate (raw bytes: httpx cannot encode one) is a 400, not a 500
+    # a lone UTF-16 surrogate (raw bytes: httpx cannot encode one) is a 400, not a 500
     (
         "POST",
         "/v1/chat/completions",
@@ -428,7 +428,7 @@ MALFORMED: list[tuple[str, str, Any, int, str | None]] = [
     ),
     ("POST", "/v1/completions", _LONE % b'"prompt": "\\ud800"', 400, "prompt"),
     ("POST", "/v1/completions", _LONE % b'"prompt": ["ok", "\\ud800x"]', 400, "prompt"),
-    # issue 18: a tool's parameters must be a JSON Schema
+    # a tool's parameters must be a JSON Schema
     (
         "POST",
         "/v1/chat/completions",
@@ -441,7 +441,7 @@ MALFORMED: list[tuple[str, str, Any, int, str | None]] = [
         400,
         "tools.0.function.parameters",
     ),
-    # issue 18: prompts x n is capped (200 x 64 would queue 12,800 generations)
+    # prompts x n is capped (200 x 64 would queue 12,800 generations)
     ("POST", "/v1/completions", _TEXT | {"prompt": ["a"] * 200, "n": 64}, 400, "prompt"),
     ("POST", "/v1/completions", _TEXT | {"prompt": [[5]] * 257}, 400, "prompt"),
     ("POST", "/update_weights", {}, 400, "path"),

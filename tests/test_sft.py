@@ -198,3 +198,20 @@ def test_sft_with_lora_checkpoints_resumes_and_exports_the_adapter(tiny_model_di
     assert (run / "checkpoints" / "step_4" / "model" / "adapter_model.safetensors").is_file()
     assert (run / "model" / "adapter" / "adapter_model.safetensors").is_file()
     assert (run / "model" / "model.safetensors").is_file(), "the merged model beside its adapter"
+
+
+def test_learning_rate_warms_up_then_decays_linearly_to_its_floor() -> None:
+    model = torch.nn.Linear(2, 2)
+    cfg = OptimizerConfig(lr=1e-2, warmup_steps=4, decay_steps=14, final_lr_ratio=0.1)
+    optimizer, scheduler = build_optimizer(model, cfg)
+    rates = []
+    for _ in range(20):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert rates[:4] == pytest.approx([2e-3, 4e-3, 6e-3, 8e-3])  # warm-up
+    assert rates[4] == pytest.approx(1e-2) and rates[9] == pytest.approx(1e-2 * (1 - 0.9 * 5 / 10))
+    assert rates[14:] == pytest.approx([1e-3] * 6)  # the floor from decay_steps on
+    assert all(a >= b for a, b in itertools.pairwise(rates[4:]))
+    constant, _ = build_optimizer(model, OptimizerConfig(lr=1e-2, warmup_steps=4))
+    assert constant.param_groups[0]["lr"] == pytest.approx(2e-3)  # decay_steps 0: warm-up, then constant

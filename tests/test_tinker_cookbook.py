@@ -1,5 +1,5 @@
 """tinker-cookbook 0.5.8, unmodified, in its own venv, runs its math_rl recipe (env arithmetic) against
-`thermik tinker` on loopback, in sync mode and with max_steps_off_policy=2 (issue 16).
+`thermik tinker` on loopback, in sync mode and with max_steps_off_policy=2.
 
 Slow: about 2 minutes per mode with SmolLM2-135M-Instruct on 2 CPU cores. Needs the cookbook's venv
 (`bash scripts/tinker_cookbook_venv.sh`); the served model is SmolLM2-135M-Instruct when this machine has it

@@ -1,4 +1,4 @@
-"""The official tinker SDK 0.38, unmodified, against `thermik tinker` on loopback (issue 16's done-when tests)."""
+"""The official tinker SDK 0.38, unmodified, against `thermik tinker` on loopback."""
 
 from __future__ import annotations
 

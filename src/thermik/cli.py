@@ -6,6 +6,7 @@ thermik sft [@ a.toml ...] [--key value ...] [--dry-run] [--help]
 thermik eval [@ a.toml ...] [--k K] [--steps all --checkpoints_of RUN] [--policy.base_url URL] (docs/evaluation.md)
 thermik inference [@ a.toml ...] [--server.port 8000 ...]   (OpenAI-compatible server for model.path)
 thermik tinker [@ a.toml ...] [--model.path DIR --server.port 8000 ...]   (Tinker-compatible training service)
+thermik rl [@ a.toml ...] --split                      (split run: the three processes below, logs prefixed)
 thermik trainer [@ a.toml ...] [--key value ...]       (split run: the policy updates; docs/process_split.md)
 thermik orchestrator [@ a.toml ...] [--key value ...]  (split run: rollouts on the inference server)
 thermik model init --preset NAME --out DIR
@@ -62,6 +63,14 @@ def _cmd_rl(cfg: RunConfig) -> None:
         from thermik.runs.local import run_rl
 
     run_rl(cfg)
+
+
+def _cmd_split(argv: list[str]) -> None:
+    from thermik.runs.split_launch import launch_split
+
+    code = launch_split(_bare_record(argv))
+    if code:
+        sys.exit(code)
 
 
 def _cmd_sft(cfg: SFTConfig) -> None:
@@ -222,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     cmd, rest = argv[0], argv[1:]
+    if cmd == "rl" and "--split" in rest:  # the split run's three processes (runs/split_launch.py)
+        rest = [a for a in rest if a != "--split"]
+        return _run_configured(RunConfig, _bare_record(rest), lambda _cfg: _cmd_split(rest), "rl --split")
     if cmd == "rl":
         return _run_configured(RunConfig, _bare_record(rest), _cmd_rl, "rl")
     if cmd == "replay":

@@ -1,4 +1,4 @@
-"""Issue 18: the disk fills up during a checkpoint write (a small tmpfs mounted on the run's checkpoints directory).
+"""The disk fills up during a checkpoint write (a small tmpfs mounted on the run's checkpoints directory).
 The previous checkpoint stays intact, `latest` names it, and the run stops with a clear message or goes on without
 saving (`checkpoint.on_write_error`). Skipped, with the reason, where a tmpfs cannot be mounted (needs root)."""
 

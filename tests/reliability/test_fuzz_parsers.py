@@ -1,4 +1,4 @@
-"""Issue 18: every tool-call parser gets generated strings (seeded): no exception, and every block comes back as a
+"""Every tool-call parser gets generated strings (seeded): no exception, and every block comes back as a
 call (a non-empty name, a dict of arguments) or a typed parse error, in block order.
 
 Bounded in CI (FUZZ_CASES_CI per parser, a few seconds); `RELIABILITY_FULL=1` runs FUZZ_CASES_FULL per parser

@@ -1,4 +1,4 @@
-"""Issue 18: kill -9 of `thermik rl` during generation, the update, a checkpoint write and an MCP call, each
+"""Kill -9 of `thermik rl` during generation, the update, a checkpoint write and an MCP call, each
 followed by a resume; the end state must equal an uninterrupted seeded run (kill_suite.py holds the machinery).
 
 Bounded in CI: one kill per phase in one chain (about 2 minutes on 2 shared cores). `RELIABILITY_FULL=1` runs

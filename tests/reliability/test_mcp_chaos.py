@@ -1,4 +1,4 @@
-"""Issue 18: MCP chaos. Episodes of random tool calls against real faulty MCP servers (one starts slowly): crash
+"""MCP chaos. Episodes of random tool calls against real faulty MCP servers (one starts slowly): crash
 (connection loss), hang, slow answer, huge output, non-UTF-8 bytes on the wire, unknown tool, bad arguments. No
 step may raise, every faulty call must get a clear `error: ...` observation (a huge output: the truncation
 note), and when the pool closes no server process and no file descriptor may remain.

@@ -1,5 +1,5 @@
-"""Consistency guards of the local run mode: they stop the run, naming the guard, before a silent mismatch between
-the engine and the trainer corrupts training.
+"""Consistency guards between the engines and the trainer, in every run mode that syncs weights (local, Ray): they
+stop the run, naming the guard, before a silent mismatch between the engine and the trainer corrupts training.
 
 - Weight checksum, after every weight sync: each tensor the sync sent and the engine's tensor of that name get an
   exact checksum (the wrapping sum of each element's mixed raw bits, in the engine's dtype). Integer sums are
@@ -8,26 +8,35 @@ the engine and the trainer corrupts training.
 - Logprob parity probe, every k steps: the engine samples a few tokens after a fixed probe prompt; the trainer
   scores the same tokens; the largest absolute logprob difference must stay under a threshold.
 
-Engines without in-process weights (remote, vLLM) cannot be checksummed here: that guard then warns once and skips.
+A mode says where the weights live with two functions: `WeightCheck` (the mismatching tensors, or None where the
+engine's weights cannot be read) and `Scorer` (the trainer's logprobs of a token sequence). Local mode reads the
+engine's weights in this process (`local_weight_check`, `policy_scorer`); Ray asks the engine actors and trainer
+rank 0 for their checksums and scores (distributed/launch.py). Engines without readable weights (remote, vLLM)
+cannot be checksummed: that guard then warns once and skips.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from thermik.config.schema import GuardsConfig
 from thermik.cpu import kernels as cpu_kernels
+from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.inference.base import InferenceEngine, SamplingParams
 from thermik.training.batch import token_logprobs
 
 PROBE_TEXT = "thermik parity probe: 3 + 4 = 7; reverse 'abc' -> 'cba'."
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _MIX = (-1640531535, 16, -2048144789)  # 0x9E3779B1, a shift, 0x85EBCA6B (as int32)
+
+
+WeightCheck = Callable[[], Awaitable[tuple[list[str], int] | None]]  # (mismatching tensors, tensors sent) or None
+Scorer = Callable[[list[int]], Awaitable[Sequence[float]]]  # the trainer's logprob of each next token of the ids
 
 
 class ConsistencyError(RuntimeError):
@@ -39,8 +48,8 @@ def checksum(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> int:
     """Each element's raw bits through an integer mix (multiply, xor-shift, multiply), summed with wrap-around: exact
     and order-independent, and a structured change (a tensor scaled by a power of two, negated) does not cancel out
     as it does in a plain sum of the bits. 32-bit arithmetic: ten times faster on CPU than 64-bit. `dtype`: the
-    checksum of `tensor.to(dtype)`. CPU tensors of the common types take one C pass (kernels/checksum.c), the same
-    integers without the copies: one guard over SmolLM2-135M, 0.573 s -> 0.030 s (benchmarks/guard_checksum.py)."""
+    checksum of `tensor.to(dtype)`. CPU tensors of the common types take one C pass (cpu/csrc/checksum.c), the same
+    integers without the copies (benchmarks/guard_checksum.py measures both)."""
     dtype = dtype or tensor.dtype
     kernels = cpu_kernels.load_checksum() if cpu_kernels.kernels_enabled() else None
     if kernels is not None and (fast := kernels(tensor.detach(), dtype)) is not None:
@@ -75,18 +84,37 @@ def engine_state(engine: InferenceEngine) -> Mapping[str, torch.Tensor] | None:
     return model.state_dict() if isinstance(model, torch.nn.Module) else None
 
 
-async def parity_gap(engine: InferenceEngine, policy: torch.nn.Module, probe: list[int], tokens: int) -> float:
+def local_weight_check(engine: InferenceEngine, sent: Mapping[str, torch.Tensor]) -> WeightCheck:
+    """The weight check of an engine in this process against the tensors the sync `sent`."""
+
+    async def check() -> tuple[list[str], int] | None:
+        held = engine_state(engine)
+        return None if held is None else (weight_mismatches(sent, held), len(sent))
+
+    return check
+
+
+def policy_scorer(policy: torch.nn.Module) -> Scorer:
+    """Scores with the policy in this process (evaluation mode, no gradients)."""
+
+    async def score(ids: list[int]) -> list[float]:
+        tensor = torch.tensor([ids], device=next(policy.parameters()).device)
+        was_training = policy.training
+        policy.eval()
+        try:
+            with torch.no_grad():
+                logp, _ = token_logprobs(policy, tensor, torch.ones_like(tensor), 1.0)
+        finally:
+            policy.train(was_training)
+        return logp[0].double().cpu().tolist()
+
+    return score
+
+
+async def parity_gap(engine: InferenceEngine, score: Scorer, probe: list[int], tokens: int) -> float:
     """Largest |engine logprob - trainer logprob| over `tokens` tokens the engine samples (seeded) after `probe`."""
     gen = await engine.generate(probe, SamplingParams(max_tokens=tokens, temperature=1.0, seed=0))
-    ids = torch.tensor([probe + list(gen.token_ids)], device=next(policy.parameters()).device)
-    was_training = policy.training
-    policy.eval()
-    try:
-        with torch.no_grad():
-            logp, _ = token_logprobs(policy, ids, torch.ones_like(ids), 1.0)
-    finally:
-        policy.train(was_training)
-    trainer = logp[0, len(probe) - 1 :].double().cpu()
+    trainer = torch.tensor(list(await score(probe + list(gen.token_ids)))[len(probe) - 1 :], dtype=torch.float64)
     return float((trainer - torch.tensor(gen.logprobs, dtype=torch.float64)).abs().max())
 
 
@@ -97,18 +125,23 @@ class ConsistencyGuards:
         self.cfg, self.probe_ids = cfg, probe_ids
         self._warned = False
 
+    @classmethod
+    def for_run(cls, cfg: GuardsConfig, chat: ChatTokenizer) -> ConsistencyGuards:
+        """The guards of a run whose policy speaks through `chat` (the probe prompt in its tokens)."""
+        return cls(cfg, list(chat.tokenizer.encode(PROBE_TEXT, add_special_tokens=False)))
+
     async def after_sync(
-        self, engine: InferenceEngine, policy: torch.nn.Module, sent: Mapping[str, torch.Tensor], step: int
+        self, engine: InferenceEngine, weights: WeightCheck, score: Scorer, step: int
     ) -> dict[str, float]:
         """Run the guards due after the sync that ended `step` (0-based); raise ConsistencyError on a mismatch."""
         metrics: dict[str, Any] = {}
         if self.cfg.weight_checksum:
             t0 = time.perf_counter()
-            self._check_weights(engine, sent)
+            self._check_weights(engine, await weights())
             metrics["guards/weight_checksum_s"] = time.perf_counter() - t0
         if self.cfg.parity_every and (step + 1) % self.cfg.parity_every == 0:
             t0 = time.perf_counter()
-            gap = await parity_gap(engine, policy, self.probe_ids, self.cfg.parity_tokens)
+            gap = await parity_gap(engine, score, self.probe_ids, self.cfg.parity_tokens)
             metrics |= {"guards/parity_max_abs_diff": gap, "guards/parity_s": time.perf_counter() - t0}
             if not gap <= self.cfg.parity_max_abs_diff:  # NaN fails too
                 raise ConsistencyError(
@@ -118,9 +151,8 @@ class ConsistencyGuards:
                 )
         return metrics
 
-    def _check_weights(self, engine: InferenceEngine, sent: Mapping[str, torch.Tensor]) -> None:
-        held = engine_state(engine)
-        if held is None:
+    def _check_weights(self, engine: InferenceEngine, found: tuple[list[str], int] | None) -> None:
+        if found is None:
             if not self._warned:
                 warnings.warn(
                     f"guards.weight_checksum: {type(engine).__name__} holds no weights in this process; not checked",
@@ -129,10 +161,10 @@ class ConsistencyGuards:
                 )
                 self._warned = True
             return
-        bad = weight_mismatches(sent, held)
+        bad, sent = found
         if bad:
             raise ConsistencyError(
                 f"weight checksum guard (guards.weight_checksum): after the sync to version {engine.weight_version} "
-                f"the engine holds {len(bad)} of {len(sent)} tensors unlike the trainer sent them, first "
+                f"the engine holds {len(bad)} of {sent} tensors unlike the trainer sent them, first "
                 f"{', '.join(bad[:3])}: a stale or corrupted engine weight"
             )

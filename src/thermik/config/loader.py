@@ -4,7 +4,7 @@ Precedence, lowest first: model defaults < TOML files (left to right, tables dee
 < `THERMIK_SECTION__KEY` environment variables < `--section.key value` flags.
 
 Every key is checked against the model before pydantic runs, so a typo fails at once with
-the full dotted key and the closest valid names (DESIGN invariant 4). This module imports
+the full dotted key and the closest valid names (docs/architecture.md, invariant 4). This module imports
 only the standard library and pydantic: it must stay fast and never pull in torch.
 """
 

@@ -24,6 +24,19 @@ def regex_checked(pattern: str) -> str:
     return pattern
 
 
+def check_engine_precision(precision: str, device: str) -> None:
+    """Refuse an `inference.precision` the device cannot run: bfloat16 on a CPU without bfloat16 arithmetic, and the
+    packed-weight formats (thermik's C kernels, CPU-only) on any other device."""
+    if precision == "bfloat16":
+        check_bf16("inference.precision", precision, device)
+    if precision in ("bf16-weights", "int8") and not device.startswith("cpu"):
+        raise ValueError(
+            f"inference.precision = {precision!r} packs the weights for thermik's CPU kernels; model.device is "
+            f"{device!r}: set inference.precision = 'auto' (bfloat16 on a GPU that supports it), 'bfloat16' or "
+            "'float32'"
+        )
+
+
 class Section(BaseModel):
     """Base for every config section: frozen, unknown keys rejected."""
 
@@ -451,7 +464,12 @@ class OptimizerConfig(Section):
     lr: float = Field(2e-4, gt=0, description="AdamW learning rate.")
     betas: tuple[float, float] = Field((0.9, 0.98), description="AdamW betas.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps, then constant.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps, then constant (or decaying: decay_steps).")
+    decay_steps: int = Field(
+        0, ge=0, description="After warm-up, decay the rate linearly to final_lr_ratio * lr at this step, then hold it "
+        "(e.g. an SFT run's max_steps); 0 keeps it constant."
+    )  # fmt: skip
+    final_lr_ratio: float = Field(0.1, ge=0, le=1, description="With decay_steps: the rate at its end, relative to lr.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
 
 
@@ -600,7 +618,8 @@ class CheckpointConfig(Section):
 
 
 class GuardsConfig(Section):
-    """Consistency guards of the local run mode (assembly/guards.py); each stops the run naming itself."""
+    """Consistency guards between engines and trainer, local and Ray modes (assembly/guards.py); each stops the run
+    naming itself."""
 
     weight_checksum: bool = Field(
         True,
@@ -748,26 +767,16 @@ class RunConfig(Section):
             )
         if self.distributed.enabled:
             self._check_ray_loop()
-        if self.inference.precision == "bfloat16":
-            check_bf16("inference.precision", self.inference.precision, self.model.device)
+        check_engine_precision(self.inference.precision, self.model.device)
         return self
 
     def _check_ray_loop(self) -> None:
-        """What `thermik rl` on Ray (thermik.runs.ray) does not run yet, named with the way out."""
-        alg = self.algorithm
-        unsupported = {
-            "algorithm.advantage='gae' (a critic)": alg.advantage == "gae",
-            "lora.enabled": self.lora.enabled,
-            "trainer.max_off_policy_steps > 0 (asynchronous training)": self.trainer.max_off_policy_steps > 0,
-            "algorithm.kl_mode='reward'": alg.kl_coef > 0 and alg.kl_mode == "reward",
-            "algorithm.kl_controller='adaptive'": alg.kl_coef > 0 and alg.kl_controller == "adaptive",
-            "algorithm.teacher (on-policy distillation)": bool(alg.teacher),
-        }
-        named = [name for name, on in unsupported.items() if on]
-        if named:
+        """What `thermik rl` on Ray (thermik.runs.ray) cannot run, named with the way out."""
+        if self.lora.enabled and self.distributed.strategy == "fsdp2":
             raise ValueError(
-                f"distributed.enabled does not support {', '.join(named)} yet; turn those off or run on one "
-                "process (distributed.enabled=false)"
+                "lora.enabled with distributed.strategy='fsdp2': the engines get the adapters merged into full "
+                "weights, which FSDP2's sharded parameters do not give; use distributed.strategy='ddp' with LoRA "
+                "(its adapters are small) or turn lora.enabled off"
             )
 
 
@@ -871,6 +880,5 @@ class ServeConfig(Section):
     def _embedded_only(self) -> ServeConfig:
         if self.inference.backend != "embedded":
             raise ValueError("inference.backend must be 'embedded' for `thermik inference` (it serves a local model)")
-        if self.inference.precision == "bfloat16":
-            check_bf16("inference.precision", self.inference.precision, self.model.device)
+        check_engine_precision(self.inference.precision, self.model.device)
         return self

@@ -85,6 +85,8 @@ class Packed:
     def __init__(self, weight: Tensor, fmt: str) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"unknown packed weight format {fmt!r}; valid formats: {', '.join(FORMATS)}")
+        if weight.device.type != "cpu":  # the C kernels read host memory: a GPU model keeps PyTorch's products
+            raise ValueError(f"packed weights are CPU-only, got a tensor on {weight.device}")
         if weight.dtype != torch.float32 or weight.dim() != 2 or not weight.is_contiguous():
             raise ValueError(f"packed weights need a contiguous 2-D float32 tensor, got {weight.dtype} {weight.shape}")
         lib = load()

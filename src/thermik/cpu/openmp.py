@@ -9,8 +9,8 @@ while the other thread sleeps. A thread about to wait for the other one calls `r
 pool (~0.1 ms). A no-op where torch has no OpenMP runtime with that call.
 
 Work handed to a worker thread (`asyncio.to_thread`: the policy update, a weight update) leaves that thread's pool
-alive when it returns; `to_thread_releasing` frees it there. Without it an RL step's decode steps ran ~30% slower
-after the first update (SmolLM2 example, batch <= 8: 11 -> 15-17 ms per step).
+alive when it returns; `to_thread_releasing` frees it there, or an RL step's decode steps slow down after the
+first update.
 """
 
 from __future__ import annotations

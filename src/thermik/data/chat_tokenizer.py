@@ -2,7 +2,7 @@
 
 The prompt is rendered once. Each observation (tool result, feedback) is rendered as the *delta*
 the chat template adds after an assistant turn, so the training sequence is exactly
-prompt ids + sampled ids + observation ids (DESIGN.md invariant 1).
+prompt ids + sampled ids + observation ids (docs/architecture.md, invariant 1).
 
 Tools are never dropped silently. A template that ignores `tools` (plain ChatML, e.g. SmolLM2's) is detected once
 by rendering a probe conversation with and without a tool; its prompts then carry the tool schemas in the system

@@ -1,4 +1,4 @@
-"""Dataset rows (DESIGN.md 'Dataset row'): load/validate/write jsonl and parquet.
+"""Dataset rows (docs/architecture.md, 'Contracts'): load/validate/write jsonl and parquet.
 
 A row: {"data_source": str, "env_class": str, "prompt": [messages], "reward_spec": dict, "extra_info": dict}.
 """

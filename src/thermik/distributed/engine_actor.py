@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from thermik.assembly import components
+from thermik.assembly.guards import checksum
 from thermik.config.schema import RunConfig
 from thermik.distributed import comm
 from thermik.inference.base import Generation, SamplingParams
@@ -58,6 +59,11 @@ class EngineActor:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.engine.model.state_dict().items()}
+
+    def checksums(self) -> dict[str, tuple[str, int]]:
+        """{name: (dtype, exact checksum)} of the weights this engine holds (the weight checksum guard)."""
+        state = self.engine.model.state_dict()
+        return {k: (str(v.dtype).removeprefix("torch."), checksum(v)) for k, v in state.items()}
 
     # ------------------------------------------------------------------ collective weight sync
 

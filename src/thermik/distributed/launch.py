@@ -2,8 +2,9 @@
 
     run = start(cfg)                           # Ray, placement group, trainer workers, engine actors
     trajs = await rollout_rows(run.engines, ...)   # run.engines is an InferenceEngine
-    metrics = await run.update(batch, cfg.algorithm, cfg.trainer, temperature)
+    metrics = await run.update(batch, step)    # the learner step (train_on_batch) on every trainer worker
     version, seconds = await run.sync_weights()
+    bad = await run.weight_mismatches()        # the consistency guards' view of engines vs trainer
     run.trainer.save_checkpoint(step, extra)    # rank 0 writes, atomically
     run.shutdown()
 
@@ -19,10 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thermik.config.schema import AlgorithmConfig, DistributedConfig, RunConfig, TrainerConfig
+from thermik.config.schema import DistributedConfig, RunConfig
 from thermik.distributed.engine_pool import EnginePool
 from thermik.distributed.placement import actor_options, create_placement_group, plan_placement
-from thermik.distributed.sharding import merge_metrics, shard_batch
 from thermik.training.batch import TokenBatch
 from thermik.training.checkpoint import CheckpointManager
 
@@ -56,7 +56,8 @@ def _remote(cls: type, **options: Any) -> Any:
 
 
 class DistributedTrainer:
-    """The data-parallel trainer workers; `update` shards a TokenBatch and returns single-process metrics."""
+    """The data-parallel trainer workers; `update` runs the learner step on every rank (each trains its shard) and
+    returns the single-process metrics."""
 
     def __init__(self, cfg: RunConfig, workers: list[Any]) -> None:
         self.cfg = cfg
@@ -100,13 +101,11 @@ class DistributedTrainer:
         return [results[r] for r in range(len(refs))]
 
     def update(
-        self, batch: TokenBatch, alg: AlgorithmConfig, trainer: TrainerConfig, temperature: float
+        self, batch: TokenBatch, step: int, off_policy: bool = False, cfg: RunConfig | None = None
     ) -> dict[str, float]:
-        shards = shard_batch(batch, len(self.workers), trainer.mini_batches, alg.reduction)
-        per_rank = self._get(
-            [w.update.remote(s, alg, trainer, temperature) for w, s in zip(self.workers, shards, strict=True)]
-        )
-        return merge_metrics(per_rank, shards)
+        """train_on_batch on every rank (ranks merge their metrics: rank 0's are the update's). cfg: this update's
+        config instead of the run's (tests vary the reduction and mini-batches)."""
+        return self._get([w.update.remote(batch, step, off_policy, cfg) for w in self.workers])[0]
 
     def grads(self) -> dict[str, Any]:
         return self._get([w.grads.remote() for w in self.workers])[0]
@@ -139,15 +138,14 @@ class DistributedRun:
     _spec: Any = None  # names, shapes, dtypes of the broadcast weights (fixed for a run)
     _group_epoch: int = -1  # engines.num_restarts when the weight group was formed; -1: not formed
 
-    async def update(
-        self, batch: TokenBatch, alg: AlgorithmConfig, trainer: TrainerConfig, temperature: float
-    ) -> dict[str, float]:
-        """One data-parallel policy update; colocated engines sleep meanwhile (free GPU memory; no-op on CPU)."""
-        colocated = self.cfg.distributed.placement == "colocated"
+    async def update(self, batch: TokenBatch, step: int, off_policy: bool = False) -> dict[str, float]:
+        """The learner step on the trainer workers, in a thread (asynchronous rollouts go on meanwhile). Colocated
+        engines sleep meanwhile (free GPU memory; no-op on CPU), unless they keep generating (off_policy)."""
+        colocated = self.cfg.distributed.placement == "colocated" and not off_policy
         if colocated:
             await asyncio.gather(*(a.sleep.remote() for a in self.engines.actors))
         try:
-            return await asyncio.to_thread(self.trainer.update, batch, alg, trainer, temperature)
+            return await asyncio.to_thread(self.trainer.update, batch, step, off_policy)
         finally:
             if colocated:
                 await asyncio.gather(*(a.wake_up.remote() for a in self.engines.actors))
@@ -191,6 +189,24 @@ class DistributedRun:
         rank0 = self.trainer.workers[0]
         self.engines.set_current(lambda: rank0.synced_weights.remote(), versions[0])
         return versions[0]
+
+    async def weight_mismatches(self) -> tuple[list[str], int]:
+        """(tensors some engine holds unlike the trainer last sent them, tensors sent): exact checksums computed
+        where the weights live (each engine actor, trainer rank 0), compared here in the engine's dtype."""
+        held = await asyncio.gather(*(a.checksums.remote() for a in self.engines.actors))
+        dtypes = {name: dtype for name, (dtype, _) in held[0].items()} if held else {}
+        sent = await self.trainer.workers[0].synced_checksums.remote(dtypes)
+        bad = [
+            f"{name} (engine {i}{', absent' if name not in engine else ''})"
+            for i, engine in enumerate(held)
+            for name, value in sent.items()
+            if engine.get(name, (None, None))[1] != value
+        ]
+        return bad, len(sent)
+
+    async def score(self, ids: list[int]) -> list[float]:
+        """Trainer rank 0's logprob of each next token of `ids`."""
+        return await self.trainer.workers[0].score.remote(ids)
 
     async def _form_weight_group(self) -> None:
         actors = self.engines.actors

@@ -38,6 +38,12 @@ class ShardScaledPolicy(torch.nn.Module):
         self._scales: tuple[float, ...] = (1.0,)
         self._mini_batch = 0
 
+    @property
+    def config(self) -> Any:
+        """The HF model's config (the forward paths read its attention implementation, e.g. to pack rows)."""
+        parallel = self.parallel_model
+        return (parallel.module if hasattr(parallel, "module") else parallel).config
+
     def set_grad_scales(self, scales: Sequence[float]) -> None:
         """One scale per mini-batch of the coming policy_update call."""
         self._scales = tuple(float(s) for s in scales)

@@ -1,11 +1,16 @@
-"""One data-parallel trainer rank, run as a Ray actor: holds the wrapped policy and runs policy_update on its shard.
+"""One data-parallel trainer rank, run as a Ray actor: a `Learner` around its DDP/FSDP2 wrap of the policy, running
+the learner step of every run mode (`train_on_batch`) on the whole batch with its `RankShare` of the update.
 
-The class is plain Python (Ray wraps it with `ray.remote` in launch.py), so it imports without Ray.
+Every rank gets the whole batch: advantages, critic values (and the critic's update), reference logprobs and the
+teacher's run on all of it, so each rank holds the same critic and KL weight; the policy update trains this rank's
+part of every mini-batch, gradients scaled and averaged across ranks, and `merge` gathers the ranks' metrics into
+the single-process values. The class is plain Python (Ray wraps it with `ray.remote` in launch.py), so it imports
+without Ray.
 """
 
 from __future__ import annotations
 
-import copy
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -14,15 +19,15 @@ import torch
 import torch.distributed as dist
 
 from thermik.assembly import components
-from thermik.config.schema import AlgorithmConfig, DistributedConfig, RunConfig, TrainerConfig
+from thermik.assembly.guards import checksum
+from thermik.config.schema import DistributedConfig, RunConfig
 from thermik.distributed import comm
-from thermik.distributed.parallel import full_grads, full_state_dict, unwrap, wrap_policy
-from thermik.distributed.sharding import Shard
+from thermik.distributed.parallel import ShardScaledPolicy, full_grads, full_state_dict, unwrap, wrap_policy
+from thermik.distributed.sharding import Shard, merge_metrics, shard_batch
+from thermik.training.batch import TokenBatch, token_logprobs
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
-from thermik.training.loss import LossSetup
+from thermik.training.learner import CRITIC_DIR, Learner, build_learner, train_on_batch
 from thermik.training.optim import build_optimizer
-from thermik.training.precision import autocast_dtype
-from thermik.training.update import policy_update
 
 
 class _FullModel:
@@ -43,6 +48,27 @@ class _FullOptimizer:
         return self.state
 
 
+class RankShare:
+    """The `UpdateSplit` of rank `rank`: its part of every global mini-batch, with the gradient scales that make the
+    averaged gradient the single-process one (sharding.py); the metrics gathered from every rank and merged."""
+
+    def __init__(self, policy: ShardScaledPolicy, rank: int, world_size: int, cfg: RunConfig) -> None:
+        self.policy, self.rank, self.world_size, self.cfg = policy, rank, world_size, cfg
+        self.shards: list[Shard] = []
+
+    def shard(self, batch: TokenBatch) -> TokenBatch:
+        trainer, alg = self.cfg.trainer, self.cfg.algorithm
+        self.shards = shard_batch(batch, self.world_size, trainer.mini_batches, alg.reduction)
+        mine = self.shards[self.rank]
+        self.policy.set_grad_scales(mine.grad_scales)
+        return mine.batch
+
+    def merge(self, metrics: dict[str, float]) -> dict[str, float]:
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, metrics)
+        return merge_metrics(gathered, self.shards)
+
+
 class TrainerWorker:
     """Rank `rank` of `world_size`; `setup` joins the process group and wraps the policy (all ranks at once)."""
 
@@ -50,11 +76,8 @@ class TrainerWorker:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.dist_cfg: DistributedConfig = cfg.distributed
         components.seed_everything(cfg.seed)
-        self.model, self.chat = components.load_policy(cfg.model)
-        self.autocast = autocast_dtype(cfg.model, self.model)
-        self.ref: torch.nn.Module | None = None
-        if cfg.algorithm.kl_coef > 0:
-            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.model, self.chat = components.load_policy(cfg.model, cfg.lora, cfg.env.tool_parser)
+        self.learner: Learner | None = None  # built by setup, once the process group is up
         self._weights_group: comm.BroadcastGroup | None = None
         self._synced_state: dict[str, torch.Tensor] = {}
 
@@ -66,26 +89,33 @@ class TrainerWorker:
         comm.init_default_group(dc.backend, self.rank, self.world_size, addr, port, dc.timeout_s)
         self.device = comm.device_for(dc.backend, self.cfg.model.device)
         self.model.to(self.device)
-        if self.ref is not None:
-            self.ref.to(self.device)
-        self.policy, self.optimizer, self.scheduler = wrap_policy(
-            self.model, dc.strategy, self.device, lambda m: build_optimizer(m, self.cfg.trainer.optimizer)
-        )
+
+        def wrap(model: torch.nn.Module) -> Any:
+            optimizer = self.cfg.trainer.optimizer
+            return wrap_policy(model, dc.strategy, self.device, lambda m: build_optimizer(m, optimizer))
+
+        self.learner = learner = build_learner(self.cfg, self.model, self.chat.tokenizer, wrap=wrap)
+        self.policy, self.optimizer, self.scheduler = learner.policy, learner.optimizer, learner.scheduler
+        self.share = RankShare(self.policy, self.rank, self.world_size, self.cfg)
+        self.learner.split = self.share
         return os.getpid()
 
     # ------------------------------------------------------------------ training
 
     def update(
-        self, shard: Shard, alg: AlgorithmConfig, trainer: TrainerConfig, temperature: float
+        self, batch: TokenBatch, step: int, off_policy: bool = False, cfg: RunConfig | None = None
     ) -> dict[str, float]:
-        """policy_update on this rank's shard; gradients are scaled (shard.grad_scales) and averaged across ranks."""
-        batch = shard.batch
+        """The learner step of every run mode on the whole batch (this rank trains its shard). off_policy: the batch
+        was sampled by older weights (asynchronous training). cfg: this update's config instead of the run's (the
+        same model; tests vary the reduction and mini-batches)."""
+        assert self.learner is not None, "setup first"
+        if cfg is not None:
+            self.learner.cfg = self.share.cfg = cfg
         for name, value in batch.__dict__.items():
             if value is not None:
                 setattr(batch, name, value.to(self.device))
-        self.policy.set_grad_scales(shard.grad_scales)
-        setup = LossSetup.from_config(alg, trainer, temperature, autocast=self.autocast)
-        return policy_update(self.policy, self.ref, batch, setup, self.optimizer, self.scheduler)
+        metrics, _ = asyncio.run(train_on_batch(self.learner, batch, step, rollout_is_behaviour=off_policy))
+        return metrics
 
     def grads(self) -> dict[str, torch.Tensor]:
         return full_grads(self.policy)
@@ -105,25 +135,43 @@ class TrainerWorker:
             optimizer: Any = _FullOptimizer(get_optimizer_state_dict(unwrap(self.policy), self.optimizer, options=full))
         else:
             model, optimizer = unwrap(self.policy), self.optimizer
-        extra = {**extra, "scheduler": self.scheduler.state_dict()}
+        assert self.learner is not None, "setup first"
+        learner = self.learner
+        extra = {**extra, "scheduler": self.scheduler.state_dict(), "kl_coef": learner.algo.kl.value}
+
+        def write(directory: Path) -> None:
+            save_training_state(directory, model, optimizer, step, extra=extra)
+            if learner.critic is not None:  # the same on every rank
+                learner.critic.save(directory / CRITIC_DIR)
+
         path = None
         if self.rank == 0:
-            manager = CheckpointManager(Path(root), keep=keep)
-            path = str(manager.save(step, lambda d: save_training_state(d, model, optimizer, step, extra=extra)))
+            path = str(CheckpointManager(Path(root), keep=keep).save(step, write))
         dist.barrier()
         return path
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         if self.dist_cfg.strategy == "fsdp2":
             raise NotImplementedError("resuming an FSDP2 run is not supported yet; resume with strategy='ddp'")
+        assert self.learner is not None, "setup first"
         extra = load_training_state(Path(path), unwrap(self.policy), self.optimizer)
         self.scheduler.load_state_dict(extra.pop("scheduler"))
+        self.learner.algo.kl.value = float(extra.pop("kl_coef", self.learner.algo.kl.value))
+        if self.learner.critic is not None:
+            self.learner.critic.load(Path(path) / CRITIC_DIR)
         return extra
 
     # ------------------------------------------------------------------ weights to engines (rank 0)
 
+    def _engine_state(self) -> dict[str, torch.Tensor]:
+        """What the engines load: every weight, or with LoRA the merged adapted weights (a collective under FSDP2)."""
+        model = unwrap(self.policy)
+        if components.is_lora(model):
+            return {k: v.detach().to("cpu", copy=True) for k, v in components.engine_weights(model).items()}
+        return full_state_dict(self.policy)
+
     def weight_spec(self) -> comm.WeightSpec:
-        return comm.weight_spec(unwrap(self.policy).state_dict())
+        return comm.weight_spec(self._engine_state())
 
     def join_weight_group(self, addr: str, port: int, size: int) -> None:
         dc = self.dist_cfg
@@ -131,7 +179,7 @@ class TrainerWorker:
 
     def broadcast_weights(self) -> None:
         """Send the weights to the engines' group and keep them: a restarted engine loads this copy."""
-        state = full_state_dict(self.policy)  # a collective under FSDP2: call on every rank
+        state = self._engine_state()  # a collective under FSDP2: call on every rank
         if self.rank != 0:
             return
         assert self._weights_group is not None, "join_weight_group first"
@@ -146,12 +194,35 @@ class TrainerWorker:
         """Write the weights to `path` (one safetensors file, atomically); rank 0 writes, every rank joins."""
         from safetensors.torch import save_file
 
-        state = full_state_dict(self.policy)
+        state = self._engine_state()
         if self.rank != 0:
             return None
+        self._synced_state = state
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".tmp_{target.name}")
         save_file(state, str(tmp))
         os.replace(tmp, target)
         return str(target)
+
+    # ------------------------------------------------------------------ consistency guards (rank 0)
+
+    def synced_checksums(self, dtypes: dict[str, str]) -> dict[str, int]:
+        """Exact checksums (assembly/guards.py) of the weights last sent to the engines, each in the engine's dtype."""
+        return {
+            name: checksum(tensor, getattr(torch, dtypes[name]) if name in dtypes else None)
+            for name, tensor in self._synced_state.items()
+        }
+
+    @torch.no_grad()
+    def score(self, ids: list[int]) -> list[float]:
+        """The trainer's logprob of each next token of `ids` (the parity probe's scoring)."""
+        model = unwrap(self.policy)
+        was_training = model.training
+        model.eval()
+        try:
+            tensor = torch.tensor([ids], device=self.device)
+            logp, _ = token_logprobs(model, tensor, torch.ones_like(tensor), 1.0)
+        finally:
+            model.train(was_training)
+        return logp[0].double().cpu().tolist()

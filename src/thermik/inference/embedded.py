@@ -669,7 +669,7 @@ class EmbeddedEngine:
         k = max(p.top_logprobs for p in params)
         if k == 0:
             return None
-        temp = torch.as_tensor(temperature, dtype=torch.float32).expand(logits.shape[0])
+        temp = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device).expand(logits.shape[0])
         temp = torch.where(temp == 0, torch.ones_like(temp), temp)
         return (logits.float() / temp[:, None]).log_softmax(-1).topk(min(k, logits.shape[-1]), dim=-1)
 

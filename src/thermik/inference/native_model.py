@@ -246,7 +246,10 @@ class NativeCausalLM:
         if self.kernels is not None and self.dtype != torch.float32:  # the C attention: one row per token
             flat_tokens, flat_slots, positions, ends = _flatten(tokens, slots, starts, last)
             return self._forward_tokens(flat_tokens, flat_slots, positions, cache, at=ends)
-        device = tokens.device
+        # The scheduler builds its index tensors on the CPU; on a GPU they go where the weights are, in one copy each.
+        device = self.embed.weight.device
+        tokens, starts, last = tokens.to(device), starts.to(device), last.to(device)
+        slots = slots if isinstance(slots, slice) else slots.to(device)
         positions = starts[:, None] + torch.arange(width, device=device)[None]  # [B, T]
         span = int(positions.max()) + 1
         if span > self.max_positions:

@@ -2,9 +2,9 @@
 
 Each `generate` is one `/v1/completions` request whose prompt is the token ids, asking for the sampled
 token ids back (`return_token_ids`, vLLM's name; thermik's server answers the same) and one logprob per
-token, so nothing is re-tokenized (DESIGN invariant 1). A request carrying a session id sends it as the extra
-field `session_id` to thermik's server (which keeps the episode's cached prefix between turns); other servers do
-not get it unless asked (`send_session_ids`). Weight updates write the state dict as safetensors
+token, so nothing is re-tokenized (docs/architecture.md, invariant 1). A request carrying a session id sends it
+as the extra field `session_id` to thermik's server (which keeps the episode's cached prefix between turns); other
+servers do not get it unless asked (`send_session_ids`). Weight updates write the state dict as safetensors
 into a directory the server can read and POST its path to `/update_weights` (thermik's server), or, to a vLLM
 server started with VLLM_SERVER_DEV_MODE=1 and thermik's worker extension, ask its workers to reload from that
 directory through `/collective_rpc` (`thermik_reload`, see vllm_worker.py) and reset its prefix cache.

@@ -27,7 +27,7 @@ Architecture = Literal["qwen2", "qwen3", "llama"]
 CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}
 
 INITIALIZER_RANGE = 0.1
-"""With transformers' default 0.02, ~1M models stayed on a plateau and never learned to copy (FIELD-NOTES.md)."""
+"""With transformers' default 0.02, ~1M models stayed on a plateau and never learned to copy (docs/models.md)."""
 
 MAX_POSITION_EMBEDDINGS = 2048
 
@@ -40,6 +40,7 @@ class Preset:
     num_heads: int
     num_kv_heads: int
     intermediate_size: int
+    initializer_range: float = INITIALIZER_RANGE
     template: str = "chatml-tools"  # a name in models.chat_template.CHAT_TEMPLATES
 
     @property
@@ -50,11 +51,16 @@ class Preset:
 _SIZE_1M = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 384}
 _SIZE_5M = {"hidden_size": 256, "num_layers": 6, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 768}
 _SIZE_20M = {"hidden_size": 512, "num_layers": 6, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1792}
+# Wide and shallow, for copy-heavy tasks (the calculator main job): two layers are what copying needs (a previous-token
+# head, then an induction head), and 8 full heads of 32 on a 256-wide stream learn it in fewer steps than the 1M shape
+# at about the same cost per step (docs/models.md, "Presets"). Weights at 1.13/sqrt(hidden), as 0.1 is at 128 wide.
+_SIZE_WIDE = {"hidden_size": 256, "num_layers": 2, "num_heads": 8, "num_kv_heads": 8, "intermediate_size": 512}
 
 PRESETS: dict[str, Preset] = {
     "qwen2-1m": Preset("qwen2", **_SIZE_1M),
     "qwen2-5m": Preset("qwen2", **_SIZE_5M),
     "qwen2-20m": Preset("qwen2", **_SIZE_20M),
+    "qwen2-1.4m": Preset("qwen2", **_SIZE_WIDE, initializer_range=0.07),
     "qwen3-1m": Preset("qwen3", **_SIZE_1M),
     "qwen3-5m": Preset("qwen3", **_SIZE_5M),
     # Qwen3's thinking rules in the chat template: earlier turns' <think> is stripped from history (docs/models.md).
@@ -66,6 +72,16 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+# Published models' shapes (Preset + vocabulary size), built with random weights where their weights cannot be had:
+# speed figures only (benchmarks/trainer_mfu.py, benchmarks/engine_vs_hf.py `--shape`, docs/gpu.md).
+SHAPES: dict[str, tuple[Preset, int]] = {
+    "smollm2-135m": (Preset("llama", hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+                            intermediate_size=1536), 49152),
+    "qwen2.5-0.5b": (Preset("qwen2", hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,
+                            intermediate_size=4864), 151936),
+}  # fmt: skip
+
+
 def get_preset(name: str) -> Preset:
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
@@ -74,10 +90,22 @@ def get_preset(name: str) -> Preset:
 
 def build_config(name: str, tokenizer: PreTrainedTokenizerBase | None = None) -> PretrainedConfig:
     """The HF config of preset `name`, with vocabulary and special ids taken from `tokenizer` (default: ours)."""
-    preset = get_preset(name)
     tok = tokenizer if tokenizer is not None else build_tokenizer()
+    special = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id}
+    return _config(get_preset(name), len(tok), special)
+
+
+def shape_config(name: str) -> PretrainedConfig:
+    """The HF config of the published shape `name` (SHAPES), for a random-init model of that size."""
+    if name not in SHAPES:
+        raise ValueError(f"unknown model shape {name!r}; valid shapes: {', '.join(SHAPES)}")
+    preset, vocab_size = SHAPES[name]
+    return _config(preset, vocab_size, {"eos_token_id": 0, "pad_token_id": 0, "bos_token_id": 0})
+
+
+def _config(preset: Preset, vocab_size: int, special: dict[str, int | None]) -> PretrainedConfig:
     return CONFIG_CLASSES[preset.arch](
-        vocab_size=len(tok),
+        vocab_size=vocab_size,
         hidden_size=preset.hidden_size,
         intermediate_size=preset.intermediate_size,
         num_hidden_layers=preset.num_layers,
@@ -85,12 +113,10 @@ def build_config(name: str, tokenizer: PreTrainedTokenizerBase | None = None) ->
         num_key_value_heads=preset.num_kv_heads,
         head_dim=preset.head_dim,
         max_position_embeddings=MAX_POSITION_EMBEDDINGS,
-        initializer_range=INITIALIZER_RANGE,
+        initializer_range=preset.initializer_range,
         tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
         dtype="float32",
+        **special,
     )
 
 

@@ -1,4 +1,5 @@
-"""Checks of DESIGN.md invariants 1–3 on every trajectory; a violation is a bug and fails loudly."""
+"""Checks of invariants 1–3 (docs/architecture.md, 'Invariants') on every trajectory; a violation is a bug and
+fails loudly."""
 
 from __future__ import annotations
 

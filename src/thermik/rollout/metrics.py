@@ -1,4 +1,4 @@
-"""Per-step rollout metrics with the field's usual names (DESIGN.md, 'Run directory')."""
+"""Per-step rollout metrics with the field's usual names (docs/architecture.md, 'Run directory')."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Bounded staleness, the one rule of asynchronous training (DESIGN.md): a sample made by the weights of version v
-may train step s only if s - v <= max_off_policy_steps. Versions and steps count the same optimizer steps."""
+"""Bounded staleness, the one rule of asynchronous training (docs/architecture.md): a sample made by the weights of
+version v may train step s only if s - v <= max_off_policy_steps. Versions and steps count the same optimizer steps."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Trajectory: one sampled episode in exact token ids (DESIGN.md, contract 'Trajectory')."""
+"""Trajectory: one sampled episode in exact token ids (docs/architecture.md, 'Contracts')."""
 
 from __future__ import annotations
 

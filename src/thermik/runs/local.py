@@ -14,16 +14,15 @@ from typing import Any
 import torch
 
 from thermik.assembly import components
-from thermik.assembly.guards import PROBE_TEXT, ConsistencyGuards
+from thermik.assembly.guards import ConsistencyGuards, local_weight_check, policy_scorer
 from thermik.config.schema import InferenceConfig, RunConfig
 from thermik.memory import release_freed_memory
-from thermik.rollout.context import RolloutContext, evaluate_held_out, play_rows
+from thermik.rollout.context import RolloutContext, evaluate_held_out
 from thermik.rollout.group_producer import GroupProducer
-from thermik.rollout.trajectory import Trajectory
 from thermik.runs.build import Run, build_run
 from thermik.runs.loop import Mode, rl_plan, run_loop
 from thermik.runs.record import Recorder
-from thermik.runs.step import Rollout, learner_update, make_rollout, rl_step, sample_rollout
+from thermik.runs.step import Rollout, learner_update, produced_rollout, rl_step, sample_rollout, start_producer
 from thermik.training.learner import Learner, save_checkpoint
 
 __all__ = ["LocalMode", "run_rl", "setup"]
@@ -38,8 +37,7 @@ class LocalMode(Mode):
         self.rollout_ctx: RolloutContext = run.rollout
         self.learner: Learner = run.learner
         self.producer: GroupProducer | None = None  # asynchronous mode only
-        probe = list(run.chat.tokenizer.encode(PROBE_TEXT, add_special_tokens=False))
-        self.guards = ConsistencyGuards(self.cfg.guards, probe)
+        self.guards = ConsistencyGuards.for_run(self.cfg.guards, run.chat)
         self.recorder = Recorder(self.cfg.run_dir) if self.cfg.record else None
 
     # ---------------------------------------------------------------- StepHalves
@@ -49,13 +47,7 @@ class LocalMode(Mode):
         producer made meanwhile."""
         if self.producer is None:
             return await sample_rollout(self.rollout_ctx, step)
-        t0 = time.perf_counter()
-        trajs, metrics = await _take_groups(self.producer)
-        if self.rollout_ctx.rewards is not None:
-            metrics |= self.rollout_ctx.rewards.take_unlogged()
-        return make_rollout(
-            self.rollout_ctx, step, trajs, trajs, {**metrics, "time/generate": time.perf_counter() - t0}
-        )
+        return await produced_rollout(self.rollout_ctx, self.producer, step)
 
     async def update(self, rollout: Rollout, step: int) -> dict[str, float]:
         before = self.recorder.before_update(rollout) if self.recorder is not None else None
@@ -69,7 +61,8 @@ class LocalMode(Mode):
         sent = components.engine_weights(self.learner.policy)
         version = await self.rollout_ctx.engine.update_weights(sent)
         metrics = {"weights/version": float(version), "time/weight_sync": time.perf_counter() - t0}
-        metrics |= await self.guards.after_sync(self.rollout_ctx.engine, self.learner.policy, sent, step)
+        engine, score = self.rollout_ctx.engine, policy_scorer(self.learner.policy)
+        metrics |= await self.guards.after_sync(engine, local_weight_check(engine, sent), score, step)
         if self.producer is not None:
             await self.producer.weights_updated()
         return metrics
@@ -80,7 +73,7 @@ class LocalMode(Mode):
         if self.run.start_step:
             await self.rollout_ctx.engine.update_weights(components.engine_weights(self.learner.policy))
         if self.cfg.trainer.max_off_policy_steps > 0:
-            self.producer = _start_producer(self.rollout_ctx)
+            self.producer = start_producer(self.rollout_ctx)
 
     async def step(self, step: int) -> dict[str, float]:
         return await rl_step(self, step)
@@ -122,36 +115,6 @@ def setup(cfg: RunConfig) -> Run:
     if run.resumed is not None:
         print(f"resumed {cfg.run_dir} from step_{run.start_step} (step {run.start_step} of {cfg.trainer.steps})")
     return run
-
-
-async def _take_groups(producer: GroupProducer) -> tuple[list[Trajectory], dict[str, float]]:
-    groups, metrics = await producer.next_batch()
-    for group_id, group in enumerate(groups):
-        for traj in group.trajectories:
-            traj.group_id = group_id
-    return [t for g in groups for t in g.trajectories], metrics
-
-
-def _start_producer(ctx: RolloutContext) -> GroupProducer:
-    cfg = ctx.cfg
-
-    async def rollout_group(row: dict[str, Any], index: int) -> list[Trajectory]:
-        seed = cfg.seed * 1_000_003 + index * 10_007
-        trajs, metrics = await play_rows(ctx, [row], seed)
-        if ctx.rewards is not None:
-            ctx.rewards.unlogged.append(metrics)  # logged by the step that trains these groups
-        return trajs
-
-    producer = GroupProducer(
-        rollout_group,
-        ctx.sampler,
-        cfg.trainer.prompts_per_step,
-        cfg.trainer.max_off_policy_steps,
-        lambda: ctx.engine.weight_version,
-        stale=cfg.trainer.stale_groups,
-    )
-    producer.start()
-    return producer
 
 
 async def train(cfg: RunConfig) -> dict[str, Any]:

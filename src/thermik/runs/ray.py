@@ -1,11 +1,12 @@
 """`thermik rl` with `distributed.enabled`: the RL step of runs/step.py with its two heavy halves on Ray.
 
-Rollouts go to the engine actors (an `EnginePool`: restart and resubmit on failure), the update to the
-data-parallel trainer workers (`DistributedRun.update`), weights from trainer to engines by broadcast or files
-(`distributed.weight_sync`); sampling (with DAPO dynamic sampling), reward shaping and advantages, held-out
-evaluation, metrics, plots, checkpoints (written by rank 0) and resume are the single-process run's own
-functions. Not on this path yet (rejected by the config): a critic (gae), LoRA, asynchronous training, KL as a
-reward penalty, and an adaptive KL weight (the workers apply algorithm.kl_coef as a loss term).
+Rollouts go to the engine actors (an `EnginePool`: restart and resubmit on failure); the update is the learner step
+of every run mode (`train_on_batch`: advantages, critic, reference and KL, the policy update, the KL controller),
+run by each data-parallel trainer worker on the whole batch, each training its shard (distributed/trainer_worker.py).
+Weights go from trainer to engines by broadcast or files (`distributed.weight_sync`), then the consistency guards
+check them (assembly/guards.py). With trainer.max_off_policy_steps > 0 a `GroupProducer` keeps the engines
+generating while the workers train (bounded staleness), as in local mode. Sampling (with DAPO dynamic sampling),
+held-out evaluation, metrics, plots, checkpoints (written by rank 0) and resume are the single-process run's own.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from thermik.assembly import components
+from thermik.assembly.guards import ConsistencyGuards
 from thermik.config.schema import RunConfig
 from thermik.distributed.launch import DistributedRun, start
 from thermik.rollout.context import RolloutContext, evaluate_held_out
 from thermik.rollout.evaluation import EvalResult
+from thermik.rollout.group_producer import GroupProducer
 from thermik.runs.build import Run, build_run, resume_logger
 from thermik.runs.loop import Mode, rl_plan, run_loop
-from thermik.runs.step import Rollout, rl_step, sample_rollout
-from thermik.training.algo_state import AlgorithmState
-from thermik.training.shaping import assign_advantages
+from thermik.runs.step import Rollout, produced_rollout, rl_step, sample_rollout, start_producer, with_train_speed
 
 
 class RayMode(Mode):
@@ -34,28 +35,34 @@ class RayMode(Mode):
         assert run.rollout is not None
         self.run, self.cfg, self.dist = run, run.cfg, dist
         self.rollout_ctx: RolloutContext = run.rollout
-        self.algo = AlgorithmState.from_config(self.cfg.algorithm)
+        self.producer: GroupProducer | None = None  # asynchronous mode only
+        self.guards = ConsistencyGuards.for_run(self.cfg.guards, run.chat)
 
     async def rollout(self, step: int) -> Rollout:
-        return await sample_rollout(self.rollout_ctx, step)  # on the engine actors
+        """On the engine actors: sync, all episodes of the batch now; async, what the producer made meanwhile."""
+        if self.producer is None:
+            return await sample_rollout(self.rollout_ctx, step)
+        return await produced_rollout(self.rollout_ctx, self.producer, step)
 
     async def update(self, rollout: Rollout, step: int) -> dict[str, float]:
-        """Shaped rewards -> advantages here, then the data-parallel update on the trainer workers."""
-        cfg, alg = self.cfg, self.cfg.algorithm
-        adv_metrics = assign_advantages(rollout.batch, alg, max_response_length=cfg.rollout.max_generate_length)
+        """The learner step on the trainer workers (advantages there, on the whole batch)."""
         t0 = time.perf_counter()
-        temperature = cfg.rollout.sampling.temperature or 1.0
-        update_metrics = await self.dist.update(rollout.batch, alg, cfg.trainer, temperature)
-        state_metrics = self.algo.after_update({**adv_metrics, **update_metrics}, len(rollout.batch))
-        return {**adv_metrics, **update_metrics, **state_metrics, "time/train": time.perf_counter() - t0}
+        metrics = await self.dist.update(rollout.batch, step, off_policy=self.producer is not None)
+        return with_train_speed(metrics, rollout.batch, time.perf_counter() - t0)
 
     async def sync_weights(self, step: int) -> dict[str, float]:
         version, seconds = await self.dist.sync_weights()  # trainer -> engines
-        return {"weights/version": float(version), "time/weight_sync": seconds}
+        metrics = {"weights/version": float(version), "time/weight_sync": seconds}
+        metrics |= await self.guards.after_sync(self.dist.engines, self.dist.weight_mismatches, self.dist.score, step)
+        if self.producer is not None:
+            await self.producer.weights_updated()
+        return metrics
 
     async def start(self) -> None:
         if self.run.start_step:
             await self.dist.sync_weights()  # the engines start from the base weights
+        if self.cfg.trainer.max_off_policy_steps > 0:
+            self.producer = start_producer(self.rollout_ctx)
 
     async def step(self, step: int) -> dict[str, float]:
         return await rl_step(self, step)
@@ -66,9 +73,14 @@ class RayMode(Mode):
     def save(self, step: int) -> None:
         self.dist.trainer.save_checkpoint(step, {"step": step, "sampler": self.rollout_ctx.sampler.state_dict()})
 
+    async def stop(self) -> None:
+        if self.producer is not None:
+            await self.producer.stop()
+
     def export(self) -> Path:
-        """The trained policy in HF format (with tokenizer and chat template) at <run_dir>/export."""
-        policy, _ = components.load_policy(self.cfg.model)
+        """The trained policy in HF format (with tokenizer and chat template; with LoRA merged, plus its adapter) at
+        <run_dir>/export."""
+        policy, _ = components.load_policy(self.cfg.model, self.cfg.lora, self.cfg.env.tool_parser)
         policy.load_state_dict(self.dist.trainer.state_dict())
         out = self.cfg.run_dir / "export"
         components.export_policy(policy, self.run.chat, out)
@@ -94,6 +106,7 @@ async def train(cfg: RunConfig) -> dict[str, Any]:
         return await run_loop(mode, mode.run, rl_plan(cfg, f"GRPO on Ray {cfg.env.name}"))
     finally:
         if mode is not None:
+            await mode.stop()
             await mode.run.close(engine=False)  # the engine actors go with the Ray side
         dist.shutdown()
 

@@ -53,7 +53,7 @@ class SFTMode(Mode):
         self._resume()
 
     def _resume(self) -> None:
-        """Continue from the newest checkpoint (checkpoint.resume); a fresh start drops an earlier attempt's log."""
+        """Continue from the newest checkpoint (checkpoint.resume); a fresh start drops the log a previous run left."""
         latest = self.checkpoints.latest() if self.cfg.checkpoint.resume else None
         if latest is None:
             self.run.logger.truncate_after(0)

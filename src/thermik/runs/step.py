@@ -5,7 +5,7 @@ The modes differ only in where each half runs and how weights travel, which a `S
 | mode | rollout | update | weight sync |
 |---|---|---|---|
 | local (runs/local.py) | this process's engine (or the async producer) | this process's learner | into the engine |
-| Ray (runs/ray.py) | engine actors | data-parallel trainer actors | broadcast or files |
+| Ray (runs/ray.py) | engine actors (or the async producer) | each trainer actor's learner | broadcast or files |
 | split trainer | read the orchestrator's batch | this process's learner | publish a weight file |
 | split orchestrator | admission, then the inference server | publish the batch | (at the next admission) |
 """
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from thermik.rollout.context import RolloutContext, dump_step_trajectories, sample_groups
+from thermik.rollout.context import RolloutContext, dump_step_trajectories, play_rows, sample_groups
+from thermik.rollout.group_producer import GroupProducer
 from thermik.rollout.metrics import rollout_metrics
 from thermik.rollout.trajectory import Trajectory
 from thermik.training.batch import TokenBatch, collate
@@ -78,9 +79,51 @@ async def sample_rollout(ctx: RolloutContext, step: int) -> Rollout:
     return make_rollout(ctx, step, sampled, trajs, {**metrics, "time/generate": time.perf_counter() - t0})
 
 
+async def produced_rollout(ctx: RolloutContext, producer: GroupProducer, step: int) -> Rollout:
+    """Asynchronous training: the oldest admissible groups the producer made meanwhile, as this step's Rollout."""
+    t0 = time.perf_counter()
+    groups, metrics = await producer.next_batch()
+    if ctx.rewards is not None:
+        metrics |= ctx.rewards.take_unlogged()
+    for group_id, group in enumerate(groups):
+        for traj in group.trajectories:
+            traj.group_id = group_id
+    trajs = [t for g in groups for t in g.trajectories]
+    return make_rollout(ctx, step, trajs, trajs, {**metrics, "time/generate": time.perf_counter() - t0})
+
+
+def start_producer(ctx: RolloutContext) -> GroupProducer:
+    """A GroupProducer that keeps generating groups on ctx.engine while the trainer trains (bounded staleness:
+    trainer.max_off_policy_steps), in every mode whose engine is an InferenceEngine here (local, Ray)."""
+    cfg = ctx.cfg
+
+    async def rollout_group(row: dict[str, Any], index: int) -> list[Trajectory]:
+        seed = cfg.seed * 1_000_003 + index * 10_007
+        trajs, metrics = await play_rows(ctx, [row], seed)
+        if ctx.rewards is not None:
+            ctx.rewards.unlogged.append(metrics)  # logged by the step that trains these groups
+        return trajs
+
+    producer = GroupProducer(
+        rollout_group,
+        ctx.sampler,
+        cfg.trainer.prompts_per_step,
+        cfg.trainer.max_off_policy_steps,
+        lambda: ctx.engine.weight_version,
+        stale=cfg.trainer.stale_groups,
+    )
+    producer.start()
+    return producer
+
+
+def with_train_speed(metrics: dict[str, float], batch: TokenBatch, seconds: float) -> dict[str, float]:
+    """The update's metrics with its time and trained tokens per second."""
+    train_tokens = float(batch.attention_mask.sum())
+    return {**metrics, "time/train": seconds, "perf/train_tokens_per_s": tokens_per_s(train_tokens, seconds)}
+
+
 async def learner_update(learner: Learner, rollout: Rollout, step: int, *, off_policy: bool) -> dict[str, float]:
     """Advantages, then the policy (and critic) update in this process, in a thread: async rollouts and tool calls
     go on meanwhile. off_policy: the rollout logprobs are the behaviour policy (asynchronous training)."""
     metrics, t_train = await train_on_batch(learner, rollout.batch, step, rollout_is_behaviour=off_policy)
-    train_tokens = float(rollout.batch.attention_mask.sum())
-    return {**metrics, "time/train": t_train, "perf/train_tokens_per_s": tokens_per_s(train_tokens, t_train)}
+    return with_train_speed(metrics, rollout.batch, t_train)

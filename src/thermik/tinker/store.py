@@ -50,7 +50,7 @@ class Store:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         # WAL + NORMAL: a commit is in the OS before it returns, so a killed server loses nothing; only a power loss
-        # can drop the last commits. FULL fsyncs every commit: ~15 ms per step in benchmarks/tinker_overhead.py.
+        # can drop the last commits. FULL fsyncs every commit, which benchmarks/tinker_overhead.py shows per step.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         self._lock = threading.Lock()

@@ -37,6 +37,11 @@ class TokenBatch:
     def slice(self, start: int, end: int) -> TokenBatch:
         return TokenBatch(*(None if t is None else t[start:end] for t in self.__dict__.values()))
 
+    def to(self, device: torch.device | str) -> TokenBatch:
+        """The batch with every tensor on `device` (the model's). Batches are collated on the CPU: rewards,
+        advantages and their shaping run there, the forward and the loss where the model lives."""
+        return TokenBatch(*(None if t is None else t.to(device) for t in self.__dict__.values()))
+
     @property
     def num_tokens(self) -> int:
         return int(self.mask.sum().item())
@@ -78,6 +83,11 @@ def collate(trajs: list[Trajectory], seq_adv: torch.Tensor | None, pad_id: int) 
         prompt_lens=torch.tensor([len(s.prompt_ids) for _, s in rows], dtype=torch.long),
         episode_ids=episode_ids,
     )
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's parameters live (where its inputs must go)."""
+    return next(model.parameters()).device
 
 
 def logprobs_and_entropy(

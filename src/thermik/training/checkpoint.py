@@ -1,4 +1,4 @@
-"""Checkpoints that are complete or absent on disk (DESIGN invariant 5).
+"""Checkpoints that are complete or absent on disk (docs/architecture.md, invariant 5).
 
 Layout under `root`: `step_<n>/` (complete checkpoints), `latest` (text file naming the newest
 complete one, written last), `.tmp_*` (work in progress or debris of a killed run).

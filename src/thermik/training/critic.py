@@ -22,7 +22,7 @@ from thermik.algorithms.reductions import token_mean
 from thermik.algorithms.value_loss import clipped_value_loss
 from thermik.config.schema import CriticConfig, ModelConfig
 from thermik.models.loading import load_model
-from thermik.training.batch import TokenBatch
+from thermik.training.batch import TokenBatch, model_device
 from thermik.training.optim import build_optimizer
 
 WEIGHTS_FILE = "critic.safetensors"
@@ -65,8 +65,9 @@ class Critic:
         """V [B, L-1] of the batch (0 off the mask), micro-batch by micro-batch."""
         self.model.eval()
         out = torch.zeros_like(batch.mask)
+        device = model_device(self.model)
         for start in range(0, len(batch), self.micro):
-            mb = batch.slice(start, start + self.micro)
+            mb = batch.slice(start, start + self.micro).to(device)
             out[start : start + self.micro] = self.model(mb.input_ids, mb.attention_mask) * mb.mask
         return out
 
@@ -76,6 +77,7 @@ class Critic:
         if batch.values is None or batch.returns is None:
             raise ValueError("Critic.update needs batch.values and batch.returns (assign_advantages sets them)")
         self.model.train()
+        batch = batch.to(model_device(self.model))
         sums: dict[str, float] = defaultdict(float)
         per_mini = -(-len(batch) // self.cfg.mini_batches)
         for m_start in range(0, len(batch), per_mini):

@@ -4,8 +4,8 @@ A small model's vocabulary-sized tensors are its largest: SmolLM2's head (tied t
 and a micro-batch's logits [1156, 49152] are 113 MB in bfloat16. Through `nn.Linear`, `VocabLogprobs` and
 `nn.Embedding` each micro-batch allocates fresh ones: the weight's bfloat16 copy, the logits, their gradient, the
 weight's gradient in bfloat16 and again in float32, and the embedding's dense zero gradient. glibc maps each
-allocation that large afresh, so every one faults its pages in: in a profiled update of the SmolLM2 example
-(4 micro-batches) the embedding's zero fills took 605 ms and the [vocab, hidden] casts 760 ms.
+allocation that large afresh, so every one faults its pages in: in a profiled update of the SmolLM2 example the
+embedding's zero fills and the [vocab, hidden] casts were among the largest costs.
 
 `HeadLogprobs` computes the weight's cast and the logits into buffers kept from one call to the next (~290 MB for
 SmolLM2's micro-batches), writes the logits' gradient over the logits (`vocab_backward` allows it), and adds the
@@ -77,7 +77,7 @@ _grad_homes = WeakIdKeyDictionary()  # parameter -> its kept gradient tensor (ke
 def _grad_home(param: Tensor) -> Tensor:
     """The tensor that becomes `param.grad` when this module gives it a first gradient, kept from one update to
     the next (`zero_grad(set_to_none=True)` drops .grad, not this). A fresh [vocab, hidden] gradient would fault
-    all its pages in again at every update: 113 MB, ~160 ms for SmolLM2's head. So the parameter's gradient is
+    all its pages in again at every update (113 MB for SmolLM2's head). So the parameter's gradient is
     the same tensor at every update, as under `zero_grad(set_to_none=False)`."""
     home = _grad_homes.get(param)
     if home is None or home.shape != param.shape or home.dtype != param.dtype or home.device != param.device:
@@ -87,7 +87,7 @@ def _grad_home(param: Tensor) -> Tensor:
 
 def _add_into(dst: Tensor, src: Tensor) -> None:
     """dst += src in place. For a src of another dtype, in blocks: PyTorch's mixed-dtype add_ casts all of src to
-    a fresh tensor first (a [vocab, hidden] one: ~165 ms, mostly page faults, against ~10 ms in blocks)."""
+    a fresh tensor first, whose page faults cost far more than the add."""
     if src.dtype == dst.dtype or dst.numel() <= ADD_BLOCK:
         dst.add_(src)
         return

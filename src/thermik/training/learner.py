@@ -1,8 +1,10 @@
 """The training half of an RL run: policy (+ reference, critic), optimizer, checkpoints and one update per batch.
 
 Built by `build_learner` from the run's config. The local run mode holds it beside the rollout half; the split
-trainer holds it alone and reads its batches from files the orchestrator writes. Both call `train_on_batch`, so the
-update is the same code (runs/step.py).
+trainer holds it alone and reads its batches from files the orchestrator writes; each Ray trainer worker holds one
+around its data-parallel wrap of the policy (distributed/trainer_worker.py). All of them call `train_on_batch`, so
+the learner step (advantages, critic, reference and KL, the update, the KL controller) is one code path; a worker's
+`UpdateSplit` trains its shard and agrees on the metrics with the other ranks.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import shutil
 import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -34,6 +37,28 @@ from thermik.training.update import logprobs_no_grad, policy_update
 
 CRITIC_DIR = "critic"  # inside a checkpoint directory: critic weights and optimizer
 
+Optimizers = tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]
+
+
+class UpdateSplit(Protocol):
+    """How the policy update's work is shared. `shard`: the rows this process trains (the whole batch in one
+    process; a data-parallel rank's part of every mini-batch); `merge`: the metrics of the whole update, the same
+    in every process. Advantages, critic and reference run on the whole batch everywhere."""
+
+    def shard(self, batch: TokenBatch) -> TokenBatch: ...
+
+    def merge(self, metrics: dict[str, float]) -> dict[str, float]: ...
+
+
+class WholeBatch:
+    """One process trains the whole batch."""
+
+    def shard(self, batch: TokenBatch) -> TokenBatch:
+        return batch
+
+    def merge(self, metrics: dict[str, float]) -> dict[str, float]:
+        return metrics
+
 
 @dataclass(kw_only=True)
 class Learner:
@@ -51,17 +76,28 @@ class Learner:
     update_threads: int = 0  # torch threads of the update thread; 0 inherits
     autocast: torch.dtype | None = None  # model.train_precision resolved once (training/precision.py)
     teacher: Teacher | None = None  # algorithm.teacher: on-policy distillation (training/teacher.py)
+    split: UpdateSplit = field(default_factory=WholeBatch)  # a data-parallel rank's shard (distributed/)
+    module: torch.nn.Module | None = None  # the plain model behind a data-parallel `policy` wrapper; None: policy
 
 
-def build_learner(cfg: RunConfig, policy: torch.nn.Module, tokenizer: Any, update_threads: int = 0) -> Learner:
+def build_learner(
+    cfg: RunConfig,
+    policy: torch.nn.Module,
+    tokenizer: Any,
+    update_threads: int = 0,
+    wrap: Callable[[torch.nn.Module], Optimizers] | None = None,
+) -> Learner:
     """The training half of a run around an already loaded policy (and its HF tokenizer, which a distillation
-    teacher must share): reference, optimizer, checkpoints, critic, teacher."""
-    optimizer, scheduler = build_optimizer(policy, cfg.trainer.optimizer)
+    teacher must share): reference, optimizer, checkpoints, critic, teacher. `wrap`: (trained module, optimizer,
+    scheduler) around the policy, for data parallelism (after the reference copied the plain policy)."""
     autocast = autocast_dtype(cfg.model, policy)  # before the reference copies the policy (its lm head too)
+    ref = reference.build_reference(policy, cfg.algorithm)
+    trained, optimizer, scheduler = (wrap or (lambda m: (m, *build_optimizer(m, cfg.trainer.optimizer))))(policy)
     return Learner(
         cfg=cfg,
-        policy=policy,
-        ref=reference.build_reference(policy, cfg.algorithm),
+        policy=trained,
+        module=policy if trained is not policy else None,
+        ref=ref,
         optimizer=optimizer,
         scheduler=scheduler,
         checkpoints=CheckpointManager(cfg.run_dir / "checkpoints", keep=cfg.checkpoint.keep),
@@ -158,9 +194,10 @@ async def train_on_batch(
     # meanwhile; then KL controller, health checks, reference refresh.
     t0 = time.perf_counter()
     update_metrics = await to_thread_releasing(_update, learner, batch, temperature, rollout_is_behaviour)
+    update_metrics = learner.split.merge(update_metrics)  # every data-parallel rank: the whole update's metrics
     release_freed_memory()  # the update's activations, so the engine's next rollout can reuse the pages
     state_metrics = learner.algo.after_update({**adv_metrics, **update_metrics}, len(batch))
-    reference.maybe_refresh(learner.ref, learner.policy, alg, step + 1)
+    reference.maybe_refresh(learner.ref, learner.module or learner.policy, alg, step + 1)
     return {**adv_metrics, **update_metrics, **state_metrics}, time.perf_counter() - t0
 
 
@@ -180,7 +217,8 @@ def _nonfinite_inputs(learner: Learner, batch: TokenBatch) -> dict[str, float] |
 
 
 def _update(learner: Learner, batch: TokenBatch, temperature: float, rollout_is_behaviour: bool) -> dict[str, float]:
-    """One policy update (and, with a critic, its value-loss update) on the batch."""
+    """One policy update on this process's shard of the batch (and, with a critic, its value-loss update on the whole
+    batch: every data-parallel rank keeps an identical critic)."""
     if learner.update_threads:
         torch.set_num_threads(learner.update_threads)  # this worker thread only (OpenMP thread counts are per thread)
     cfg = learner.cfg
@@ -190,7 +228,7 @@ def _update(learner: Learner, batch: TokenBatch, temperature: float, rollout_is_
     metrics = policy_update(
         learner.policy,
         learner.ref,
-        batch,
+        learner.split.shard(batch),
         setup,
         learner.optimizer,
         learner.scheduler,

@@ -1,8 +1,8 @@
-"""AdamW with linear warm-up then a constant rate.
+"""AdamW with linear warm-up, then a constant rate or a linear decay.
 
 AdamW runs torch's fused kernel where every parameter is a plain CPU or CUDA tensor: one vectorized, multi-threaded
-pass per tensor instead of a dozen temporaries per tensor (SmolLM2-135M: ~0.05 s against ~0.3-0.8 s per step on the
-2-core CPU, where the temporaries for the 28M-entry embedding each page-fault fresh memory). Sharded (DTensor)
+pass per tensor instead of a dozen temporaries per tensor (on CPU the temporaries for a large embedding each
+page-fault fresh memory; `benchmarks/trainer_mfu.py --before` measures the difference). Sharded (DTensor)
 parameters keep the default implementation."""
 
 from __future__ import annotations
@@ -17,9 +17,17 @@ def build_optimizer(
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=_fusable(params))
-    warmup = max(cfg.warmup_steps, 0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (warmup + 1)) if warmup else 1.0)
-    return opt, sched
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(cfg, step))
+
+
+def lr_factor(cfg: OptimizerConfig, step: int) -> float:
+    """The rate of optimizer step `step` (from 0) relative to cfg.lr: linear warm-up, then constant or a linear
+    decay to cfg.final_lr_ratio at cfg.decay_steps."""
+    warmup = (step + 1) / (cfg.warmup_steps + 1) if cfg.warmup_steps else 1.0
+    if cfg.decay_steps <= cfg.warmup_steps:
+        return min(1.0, warmup)
+    progress = min(1.0, max(0, step - cfg.warmup_steps) / (cfg.decay_steps - cfg.warmup_steps))
+    return min(warmup, 1.0 - (1.0 - cfg.final_lr_ratio) * progress)
 
 
 def _fusable(params: list[torch.Tensor]) -> bool | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from thermik.training.batch import token_logprobs
+from thermik.training.batch import model_device, token_logprobs
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
 from thermik.training.packing import pack, packed_token_logprobs, unpack
 from thermik.training.precision import train_autocast
@@ -28,18 +28,15 @@ def sft_token_logprobs(
     """(logp [B, W-1] of each next token, loss mask [B, W-1]) of the examples as a right-padded batch of width W;
     pack_tokens > 0 computes them on packed rows of that many tokens (the longest example at least)."""
     width = max(len(ids) for ids, _ in examples)
-    mask = torch.zeros((len(examples), width - 1))
-    for i, (ids, m) in enumerate(examples):
-        mask[i, : len(ids) - 1] = torch.tensor(m[1:], dtype=torch.float32)
+    rows = [(ids, m, width - len(ids)) for ids, m in examples]
+    device = model_device(model)  # each tensor built once, where the model lives
+    mask = torch.tensor([m[1 : len(ids)] + [0] * pad for ids, m, pad in rows], dtype=torch.float32, device=device)
     if pack_tokens:
         packed = pack([ids for ids, _ in examples], pack_tokens, pad_id)
         logp, _ = packed_token_logprobs(model, packed, entropy_grad=False)
         return unpack(logp, packed, width), mask
-    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    for i, (ids, _) in enumerate(examples):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        attention[i, : len(ids)] = 1
+    input_ids = torch.tensor([ids + [pad_id] * pad for ids, _, pad in rows], device=device)
+    attention = torch.tensor([[1] * len(ids) + [0] * pad for ids, _, pad in rows], device=device)
     logp, _ = token_logprobs(model, input_ids, attention, entropy_grad=False)
     return logp, mask
 

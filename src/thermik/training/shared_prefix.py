@@ -31,8 +31,8 @@ from thermik.training.batch import effective_temperature, logprobs_and_entropy
 from thermik.training.fused_head import embed, head_logprobs
 from thermik.training.fused_ops import gated_mlp, rms_norm_to, rope_heads_first
 
-# The packed response rows are padded to a multiple of this: oneDNN's bfloat16 products on other row counts run up
-# to ~30% slower ([1739, 576] x [576, 1536]: 557 GFLOP/s against 811 at 1744 rows; benchmarks/README.md).
+# The packed response rows are padded to a multiple of this: oneDNN's bfloat16 products run markedly slower on
+# other row counts.
 ROW_MULTIPLE = 16
 
 
@@ -66,8 +66,9 @@ def plan_prefixes(input_ids: Tensor, attention_mask: Tensor, prompt_lens: Tensor
         group_of_row.append(index[key])
     if len(index) == len(group_of_row):
         return None
-    first = torch.tensor(first_row)
-    return PrefixPlan(torch.tensor(group_of_row), first, prompt_lens[first], prompt_lens, row_lens)
+    device = input_ids.device
+    first = torch.tensor(first_row, device=device)
+    return PrefixPlan(torch.tensor(group_of_row, device=device), first, prompt_lens[first], prompt_lens, row_lens)
 
 
 def supports_shared_prefix(model: torch.nn.Module) -> bool:
@@ -100,12 +101,13 @@ def token_logprobs_shared(
         return None
     lm = unwrapped(model)
     prompt_hidden, response_hidden, response_ids = _forward(lm, input_ids, plan)
-    last = prompt_hidden[torch.arange(plan.num_groups), plan.prompt_lens - 1]  # predicts each response's 1st token
+    groups = torch.arange(plan.num_groups, device=input_ids.device)
+    last = prompt_hidden[groups, plan.prompt_lens - 1]  # predicts each response's 1st token
     hidden = torch.cat([last[plan.group_of_row, None], response_hidden[:, :-1]], dim=1)  # [B, S, H]
     # Response position j of row i is next-token position prompt_len_i - 1 + j of the plain layout.
     width = input_ids.shape[1] - 1
     span = response_ids.shape[1]
-    cols = plan.row_prompt_lens[:, None] - 1 + torch.arange(span)[None]
+    cols = plan.row_prompt_lens[:, None] - 1 + torch.arange(span, device=input_ids.device)[None]
     if only is not None:
         keep = (cols < width) & (only.gather(1, cols.clamp(max=width - 1)) != 0)
         rows, at = keep.nonzero(as_tuple=True)
@@ -151,7 +153,8 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
     response_lens = plan.row_lens - plan.row_prompt_lens
     span = int(response_lens.max())
     prompt_ids = input_ids[plan.first_row, :prompt_width]  # tokens past a prompt's end are never attended to
-    offsets = torch.arange(span)[None]
+    device = input_ids.device
+    offsets = torch.arange(span, device=device)[None]
     gather_at = (plan.row_prompt_lens[:, None] + offsets).clamp(max=input_ids.shape[1] - 1)
     response_ids = input_ids.gather(1, gather_at)
     real = (offsets < response_lens[:, None]).flatten().nonzero().squeeze(1)  # [N] into the flattened [B, S]
@@ -160,7 +163,7 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
         [prompt_ids.numel(), len(real)]
     )
     x_p = x_p.view(*prompt_ids.shape, -1)
-    rope_p = inner.rotary_emb(x_p, torch.arange(prompt_width)[None].expand(plan.num_groups, -1))
+    rope_p = inner.rotary_emb(x_p, torch.arange(prompt_width, device=device)[None].expand(plan.num_groups, -1))
     pad = -len(real) % ROW_MULTIPLE  # zero rows after the packed tokens: never attended to, no loss, no gradient
     x_r = F.pad(x_r, (0, 0, 0, pad))
     positions_r = F.pad((plan.row_prompt_lens[:, None] + offsets).flatten()[real], (0, pad))
@@ -173,9 +176,9 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
     dtype, group = _compute_dtype(x_r), num_heads // num_kv
     biases = {}
     for p, n in set(zip(prompt_lens, lens, strict=True)):
-        visible = torch.cat([torch.ones(n, p, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)
-        biases[p, n] = _mask_bias(visible, group, dtype)
-    causal = _mask_bias(torch.ones(prompt_width, prompt_width, dtype=torch.bool).tril(), group, dtype)
+        visible = torch.ones(n, p + n, dtype=torch.bool, device=device)
+        biases[p, n] = _mask_bias(visible.tril_(p), group, dtype)  # the whole prompt, then causally
+    causal = _mask_bias(torch.ones(prompt_width, prompt_width, dtype=torch.bool, device=device).tril(), group, dtype)
     shape = (num_heads, num_kv, head_dim)
     for layer in inner.layers:
         attn = layer.self_attn
@@ -201,8 +204,7 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
 
 def _attend_prompts(q: Tensor, k: Tensor, v: Tensor, causal: Tensor) -> Tensor:
     """Causal attention of the prompts: the flash kernel in float32, `_attend` in bfloat16, where the flash kernel's
-    backward is slow on CPU (2 x 206 tokens, forward and backward per layer: 6.3 ms against 4.2; float32 5.2 against
-    7.0)."""
+    backward is slower on CPU than two matmuls and a softmax; in float32 the flash kernel is the faster."""
     if q.dtype == torch.float32:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
     return _attend(q, k, v, causal)
@@ -210,15 +212,15 @@ def _attend_prompts(q: Tensor, k: Tensor, v: Tensor, causal: Tensor) -> Tensor:
 
 def _mask_bias(visible: Tensor, group: int, dtype: torch.dtype) -> Tensor:
     """The additive mask [group * n, L] (0 where visible [n, L], else -inf) of one KV head's `group` query heads."""
-    return torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf")).repeat(group, 1)
+    bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return bias.masked_fill_(~visible, float("-inf")).repeat(group, 1)
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
     """Attention of queries q [B, H, n, D] over keys and values [B, KV, L, D] under the additive mask `bias` [H/KV *
     n, L] (`_mask_bias`), as two matmuls and a float32 softmax: each KV head's query group is one product (no
-    repeated keys), and the mask is added by the first product (no masking pass, forward or backward). For one row
-    of ~100 queries this is ~1.8x faster than the flash kernel with a mask in bfloat16 (which computes the masked
-    blocks too), and as fast in float32."""
+    repeated keys), and the mask is added by the first product (no masking pass, forward or backward). In bfloat16
+    this beats the flash kernel with a mask, which computes the masked blocks too."""
     batch, heads, n, dim = q.shape
     kv, width = k.shape[1], k.shape[2]
     group = heads // kv

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 
 from thermik.algorithms.health import NonFiniteGuard
-from thermik.training.batch import TokenBatch, token_logprobs
+from thermik.training.batch import TokenBatch, model_device, token_logprobs
 from thermik.training.loss import LossSetup, MicroMetrics, micro_batch_loss, mini_batch_reduction
 from thermik.training.packing import pack, packed_token_logprobs, unpack
 from thermik.training.precision import train_autocast
@@ -90,10 +90,12 @@ def logprobs_no_grad(
     packing: bool = True,
 ) -> torch.Tensor:
     """Per-token logprobs [B, L-1] of `model` on the batch (response positions), micro-batch by micro-batch, in the
-    training forward's precision (so a behaviour logprob equals the first mini-batch's logp)."""
+    training forward's precision (so a behaviour logprob equals the first mini-batch's logp). Each micro-batch runs
+    on the model's device; the result lies where the batch does."""
     out = torch.zeros_like(batch.mask)
+    device = model_device(model)
     for start in range(0, len(batch), size):
-        mb = batch.slice(start, start + size)
+        mb = batch.slice(start, start + size).to(device)
         out[start : start + size] = batch_logprobs(model, mb, temperature, shared_prefix, autocast, packing=packing)[0]
     return out
 
@@ -203,6 +205,7 @@ def policy_update(
     rollout_is_behaviour: the samples came from older weights (asynchronous training), so the ratio is taken
     against the rollout logprobs."""
     policy.train()
+    batch = batch.to(model_device(policy))  # collated on the CPU; the update runs where the policy lives
     guard = guard or NonFiniteGuard(setup.max_nonfinite_steps)
     fwd = (setup.micro_batch_size, setup.temperature, setup.shared_prefix, setup.autocast, setup.packing)
     # With one optimizer step per batch the behaviour policy is the current one: old_logp = logp.detach().

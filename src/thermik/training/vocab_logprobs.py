@@ -21,7 +21,9 @@ from torch import Tensor
 
 from thermik.cpu.kernels import vocab_kernels_for
 
-BLOCK_BYTES = 4 << 20  # float32 bytes of one block of rows: inside a core's share of L3 with room to spare
+BLOCK_BYTES = 4 << 20  # float32 bytes of one block of rows on CPU: inside a core's share of L3 with room to spare
+# On a GPU each block costs a few kernel launches and the float32 temporaries sit in device memory: far larger blocks.
+DEVICE_BLOCK_BYTES = 256 << 20
 
 
 def _scaled(logits: Tensor, inv_temp: float) -> Tensor:
@@ -37,15 +39,16 @@ def _normalised(logits: Tensor, inv_temp: float) -> tuple[Tensor, Tensor]:
     return z.sub_(lse[:, None]), lse
 
 
-def _blocks(batch: int, length: int, vocab: int) -> list[tuple[int, slice]]:
-    """(row, positions) blocks covering [batch, length] with about BLOCK_BYTES of float32 logits each."""
-    step = max(1, BLOCK_BYTES // (4 * vocab))
+def _blocks(batch: int, length: int, vocab: int, device: torch.device) -> list[tuple[int, slice]]:
+    """(row, positions) blocks covering [batch, length] with about BLOCK_BYTES (DEVICE_BLOCK_BYTES off the CPU) of
+    float32 logits each."""
+    step = max(1, (BLOCK_BYTES if device.type == "cpu" else DEVICE_BLOCK_BYTES) // (4 * vocab))
     return [(b, slice(t, min(t + step, length))) for b in range(batch) for t in range(0, length, step)]
 
 
 def _torch_forward(logits: Tensor, targets: Tensor, inv_temp: float, out: tuple[Tensor, Tensor, Tensor]) -> None:
     logp, entropy, lse = out
-    for b, t in _blocks(*targets.shape, logits.shape[-1]):
+    for b, t in _blocks(*targets.shape, logits.shape[-1], logits.device):
         logp_all, lse[b, t] = _normalised(logits[b, t], inv_temp)
         logp[b, t] = logp_all.gather(-1, targets[b, t, None]).squeeze(-1)
         entropy[b, t] = -torch.linalg.vecdot(logp_all.exp(), logp_all)
@@ -56,7 +59,7 @@ def _torch_backward(
 ) -> None:
     logits, targets, lse, entropy = saved
     grad_logp, grad_entropy = grads
-    for b, t in _blocks(*targets.shape, logits.shape[-1]):
+    for b, t in _blocks(*targets.shape, logits.shape[-1], logits.device):
         logp_all = _scaled(logits[b, t], inv_temp).sub_(lse[b, t, None])
         g = grad_logp[b, t, None]
         if grad_entropy is None:  # d logp_target / dz = onehot_target - p

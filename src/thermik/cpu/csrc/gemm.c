@@ -24,6 +24,9 @@
 
 #define PANEL 16
 #define ROWS 6
+/* Rows per pass over the panels: a pass re-reads its rows of x once per panel, from L2 while they fit there
+ * (ROW_BLOCK x K floats: 1 MiB at K = 2048). */
+#define ROW_BLOCK 128
 
 static int64_t panels_of(int64_t n) { return (n + PANEL - 1) / PANEL; }
 
@@ -206,6 +209,7 @@ static void gemm_span(int kind, const float *x, int64_t m, int64_t k, int64_t ld
         for (int64_t col = p0 * PANEL; col < p1 * PANEL && col < n; col++) out[r * ldo + col] += bias[col];
 }
 
+
 static void gemm(int kind, const float *x, int64_t m, int64_t k, int64_t ldx, const void *packed, int64_t n,
                  const float *bias, float *out, int64_t ldo, int accumulate, int threads) {
     int64_t panels = panels_of(n);
@@ -218,7 +222,10 @@ static void gemm(int kind, const float *x, int64_t m, int64_t k, int64_t ldx, co
         int64_t team = 1, id = 0;
 #endif
         int64_t p0 = panels * id / team, p1 = panels * (id + 1) / team;
-        gemm_span(kind, x, m, k, ldx, packed, n, bias, out, ldo, accumulate, p0, p1);
+        for (int64_t r = 0; r < m; r += ROW_BLOCK) {
+            int64_t rows = m - r < ROW_BLOCK ? m - r : ROW_BLOCK;
+            gemm_span(kind, x + r * ldx, rows, k, ldx, packed, n, bias, out + r * ldo, ldo, accumulate, p0, p1);
+        }
     }
 }
 
@@ -428,6 +435,8 @@ void thermik_gemm_i8(const int8_t *q, const uint8_t *qa, const float *sx, int64_
                      const int8_t *packed, const float *scales, int64_t n, const float *bias, float *out, int64_t ldo,
                      int64_t accumulate, int64_t threads) {
     int64_t panels = panels_of(n), kp = (k + 3) / 4 * 4, groups = k / group;
+    for (int64_t r0 = 0; r0 < m; r0 += ROW_BLOCK) { /* passes over the panels, as in gemm() */
+        int64_t r1 = m - r0 < ROW_BLOCK ? m : r0 + ROW_BLOCK;
 #pragma omp parallel for num_threads((int)(threads < panels ? threads : panels)) schedule(static)
     for (int64_t p = 0; p < panels; p++) {
         int64_t col = p * PANEL, width = n - col < PANEL ? n - col : PANEL;
@@ -435,19 +444,19 @@ void thermik_gemm_i8(const int8_t *q, const uint8_t *qa, const float *sx, int64_
         const float *sw = scales + p * groups * PANEL;
         const int8_t *next = p + 1 < panels ? b + kp * PANEL : NULL;
         float scratch[I8_ROWS * PANEL];
-        for (int64_t r = 0; r < m; r += I8_ROWS) {
-            int rows = (int)(m - r < I8_ROWS ? m - r : I8_ROWS);
+        for (int64_t r = r0; r < r1; r += I8_ROWS) {
+            int rows = (int)(r1 - r < I8_ROWS ? r1 - r : I8_ROWS);
             float *c = out + r * ldo + col;
             const int8_t *qr = q + r * kp;
             const uint8_t *qar = qa + r * kp;
             if (width == PANEL) {
                 tile_any_i8(rows, qr, qar, sx + r * groups, kp, groups, group, b, sw, c, ldo, (int)accumulate,
-                            r == 0 ? next : NULL);
+                            r == r0 ? next : NULL);
             } else {
                 for (int i = 0; i < rows; i++)
                     for (int64_t j = 0; j < PANEL; j++) scratch[i * PANEL + j] = j < width ? c[i * ldo + j] : 0;
                 tile_any_i8(rows, qr, qar, sx + r * groups, kp, groups, group, b, sw, scratch, PANEL, (int)accumulate,
-                            r == 0 ? next : NULL);
+                            r == r0 ? next : NULL);
                 for (int i = 0; i < rows; i++)
                     for (int64_t j = 0; j < width; j++) c[i * ldo + j] = scratch[i * PANEL + j];
             }
@@ -455,5 +464,6 @@ void thermik_gemm_i8(const int8_t *q, const uint8_t *qa, const float *sx, int64_
                 for (int i = 0; i < rows; i++)
                     for (int64_t j = 0; j < width; j++) c[i * ldo + j] += bias[col + j];
         }
+    }
     }
 }

@@ -1,0 +1,123 @@
+"""`thermik rl @ FILE.toml --split`: the split run's three processes from one command (docs/process_split.md).
+
+Starts `thermik inference`, `thermik trainer` and `thermik orchestrator` on the same arguments, each in a session of
+its own, and streams their output line by line with the process's name as a prefix. The run ends well when the
+trainer and the orchestrator have both exited with 0: the server is then stopped. Any other exit (a non-zero code,
+a signal, the server leaving early) stops the other processes and names the one that ended and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+PROCESSES = ("inference", "trainer", "orchestrator")
+FINISHERS = frozenset({"trainer", "orchestrator"})  # the run is over when both exit with 0
+STOP_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this long
+POLL_S = 0.2
+_print_lock = threading.Lock()
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[str]
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=3))  # its last lines, for the stop message
+
+
+def launch_split(argv: list[str]) -> int:
+    """Run the three processes on `argv` (a config's `@ FILE` and overrides); returns the exit code of the run."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # a stopped launcher stops its children
+    children: list[Child] = []
+    try:
+        for name in PROCESSES:
+            children.append(_start(name, argv))
+        return _supervise(children)
+    finally:
+        _stop(children)
+
+
+def _start(name: str, argv: list[str]) -> Child:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "thermik.cli", name, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,  # its own process group: stopping it stops what it started
+    )
+    child = Child(name, proc)
+    threading.Thread(target=_stream, args=(child,), daemon=True).start()
+    _say(f"[split] started {name} (pid {proc.pid})")
+    return child
+
+
+def _stream(child: Child) -> None:
+    assert child.proc.stdout is not None
+    for line in child.proc.stdout:
+        child.tail.append(line.rstrip())
+        _say(f"[{child.name}] {line.rstrip()}")
+
+
+def _say(line: str, file: object = None) -> None:
+    with _print_lock:
+        print(line, file=file or sys.stdout, flush=True)
+
+
+def _supervise(children: list[Child]) -> int:
+    """Wait until both finishers exit with 0 (returns 0) or any process ends otherwise (returns its failure)."""
+    finished: set[str] = set()
+    while True:
+        for child in children:
+            code = child.proc.poll()
+            if code is None or child.name in finished:
+                continue
+            if code == 0 and child.name in FINISHERS:
+                finished.add(child.name)
+                if finished == FINISHERS:
+                    _say("[split] the trainer and the orchestrator finished; stopping the inference server")
+                    return 0
+                continue
+            _report(child, code, [c.name for c in children if c is not child and c.proc.poll() is None])
+            return code if code > 0 else 1
+        time.sleep(POLL_S)
+
+
+def _report(child: Child, code: int, running: list[str]) -> None:
+    time.sleep(POLL_S)  # let its last lines reach the tail
+    if code < 0:
+        why = f"killed by {signal.Signals(-code).name}"
+    elif code == 0:
+        why = "exited with code 0 before the run ended"
+    else:
+        why = f"exited with code {code}"
+    last = f"; its last line: {child.tail[-1]!r}" if child.tail else ""
+    stopping = f"; stopping {', '.join(running)}" if running else ""
+    _say(f"thermik rl --split: the {child.name} process (pid {child.proc.pid}) {why}{last}{stopping}", sys.stderr)
+
+
+def _stop(children: list[Child]) -> None:
+    """SIGTERM to every live process group, SIGKILL to what is left after STOP_GRACE_S."""
+    live = [c for c in children if c.proc.poll() is None]
+    for child in children:  # an exited process's group too: what it started (MCP servers) goes with it
+        _signal_group(child, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for child in live:
+        try:
+            child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(child, signal.SIGKILL)
+            child.proc.wait()
+        _say(f"[split] stopped {child.name} (pid {child.proc.pid})")
+
+
+def _signal_group(child: Child, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.proc.pid, sig)

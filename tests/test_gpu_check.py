@@ -1,0 +1,63 @@
+"""scripts/gpu_check.sh, the one-command CUDA check (docs/gpu.md), run here on the CPU: every stage end to end at tiny
+sizes (so the script is known to work up to the device), and a failing stage recorded without stopping the next."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cli_env
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ["env", "tests", "calculator", "mfu", "generate", "rl_sync"]
+
+
+def gpu_check(out: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    argv = ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--out", str(out), *args]
+    env = cli_env(PYTHON=sys.executable)
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_every_stage_on_the_cpu(tmp_path: Path) -> None:
+    proc = gpu_check(tmp_path / "out", "--device", "cpu", "--quick", "--budget", "3000", timeout=3600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [s["stage"] for s in results["stages"]] == STAGES
+    assert all(s["rc"] == "0" for s in results["stages"])
+    assert any(line.startswith("python ") for line in results["environment"])
+    for row in results["calculator"]:  # the quick run: 4 SFT steps, 2 GRPO steps, 4 held-out problems
+        assert row["sft"]["steps"] == 4 and row["rl_steps"] == 2
+        assert row["before"]["n"] == row["after"]["n"] == 4 and row["after"]["step"] == 2
+    assert any("full bf16-mixed" in line for line in results["trainer_mfu"])
+    assert any("MFU(128^3 bf16)" in line for line in results["trainer_mfu"])
+    assert any(line.startswith("  transformers generate") for line in results["generation"])
+    assert any(line.startswith("  thermik ") and "ratio to transformers" in line for line in results["generation"])
+    for run in results["rl_sync"]:
+        assert run["steps"] == 2
+        assert {"mismatch/logprob_abs_diff", "guards/parity_max_abs_diff", "time/weight_sync"} <= set(run)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "## Calculator main job" in summary and "FAILED" not in summary
+    with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:
+        names = tar.getnames()
+    assert "logs/stages.tsv" in names and "runs/calc-rl-bf16/metrics.jsonl" in names
+
+
+def test_a_failing_stage_is_recorded_and_the_next_one_runs(tmp_path: Path) -> None:
+    """On a machine without CUDA, the benchmark stages fail (no device): both run, both are reported, exit 1."""
+    proc = gpu_check(tmp_path / "out", "--device", "cuda:99", "--quick", "--stages", "mfu,generate", timeout=600)
+    assert proc.returncode == 1, proc.stdout[-4000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [(s["stage"], s["rc"] != "0") for s in results["stages"]] == [("mfu", True), ("generate", True)]
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "## mfu: FAILED, last lines of its log" in summary and "## generate: FAILED" in summary
+
+
+def test_an_unknown_option_is_refused(tmp_path: Path) -> None:
+    proc = gpu_check(tmp_path / "out", "--gpus", "2", timeout=60)
+    assert proc.returncode == 2 and "unknown option --gpus" in proc.stderr
