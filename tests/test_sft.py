@@ -61,8 +61,11 @@ def test_block_causal_bias_is_causal_within_a_segment_only():
     assert torch.equal(allowed, expected)
 
 
-def test_packed_per_token_loss_and_gradients_equal_the_padded_batch(tiny_model_dir):
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_per_token_loss_and_gradients_equal_the_padded_batch(tiny_model_dir, attention):
     model = load_model(tiny_model_dir)
+    model.set_attn_implementation(attention)  # SDPA takes a boolean mask, eager an additive one
+    assert model.config._attn_implementation == attention
     examples = _examples(12)
     padded_logp, mask = sft_token_logprobs(model, examples, pad_id=0)
     packed_logp, packed_mask = sft_token_logprobs(model, examples, pad_id=0, pack_tokens=96)

@@ -73,10 +73,14 @@ def block_causal_bias(segments: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
     )
 
 
-def packed_attention_mask(model: torch.nn.Module, segments: torch.Tensor) -> torch.Tensor:
+def packed_attention_mask(model: torch.nn.Module, segments: torch.Tensor) -> torch.Tensor | None:
     """The mask the model's attention takes as is: boolean for SDPA (any query dtype, also under autocast), additive
-    in the parameters' dtype for eager attention (it adds the mask to the scores)."""
-    if getattr(model.config, "_attn_implementation", "eager") == "sdpa":
+    in the parameters' dtype for eager attention (it adds the mask to the scores); None for flash attention, whose
+    varlen kernels find the sequences from the position ids that restart at 0."""
+    impl = getattr(model.config, "_attn_implementation", "eager") or "eager"
+    if impl.startswith("flash"):
+        return None
+    if impl == "sdpa":
         return block_causal_allowed(segments)
     dtype = next(model.parameters()).dtype
     return block_causal_bias(segments, dtype if dtype.is_floating_point else torch.float32)
@@ -90,7 +94,7 @@ def packed_token_logprobs(
     device = next(model.parameters()).device
     logits = model(
         input_ids=packed.input_ids.to(device),
-        attention_mask=packed_attention_mask(model, packed.segments.to(device)),
+        attention_mask=packed_attention_mask(model, packed.segments.to(device)),  # per sequence, causal
         position_ids=packed.position_ids.to(device),
         use_cache=False,
     ).logits
