@@ -41,14 +41,13 @@ import argparse
 import contextlib
 import copy
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
 import torch
-from cpu_peak import fma_peak, isa_line, peak_line
+from cpu_peak import add_clock_argument, fma_peak, isa_line, now, peak_line, set_clock
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from thermik.config.schema import AlgorithmConfig, LoRAConfig, OptimizerConfig, TrainerConfig
@@ -136,10 +135,10 @@ def matmul_seconds(rows: int, k: int, n: int, dtype: torch.dtype, repeats: int, 
     synchronize(device)
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = now()
         x @ w.T
         synchronize(device)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, now() - t0)
     return best
 
 
@@ -186,10 +185,10 @@ def run(variants: list[Variant], rounds: int, device: torch.device = CPU) -> Non
     for _ in range(rounds):
         for v in variants:
             synchronize(device)
-            t0 = time.perf_counter()
+            t0 = now()
             v.step()
             synchronize(device)
-            v.best_s = min(v.best_s, time.perf_counter() - t0)
+            v.best_s = min(v.best_s, now() - t0)
 
 
 def report(model: PreTrainedModel, variants: list[Variant], args, peak: dict[str, float]) -> None:
@@ -232,7 +231,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--before", action="store_true", help="add the full float32 step as main ran it before")
     parser.add_argument("--precisions", nargs="*", choices=("float32", "bf16-mixed"), default=["float32", "bf16-mixed"])
+    add_clock_argument(parser)
     args = parser.parse_args(argv)
+    set_clock(args.clock)
     if min(args.batch, args.rounds, args.peak_repeats) < 1 or args.seq < 2:
         parser.error("--batch, --rounds and --peak-repeats must be >= 1, --seq >= 2")
     return args
