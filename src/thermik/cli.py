@@ -52,7 +52,13 @@ def _run_configured(
     if dry_run:
         print(dump_toml(cfg))
         return 0
-    run(cfg)
+    try:
+        run(cfg)
+    except ImportError as e:  # an optional feature's package is missing: the message names the extra to install
+        if "pip install" not in str(e):
+            raise
+        print(f"thermik {prog}: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -105,15 +111,25 @@ def _cmd_orchestrator(cfg: RunConfig) -> None:
         sys.exit(f"thermik orchestrator: {e}")
 
 
-def _cmd_inference(cfg: ServeConfig) -> None:
-    from thermik.inference.server.run import serve
+def _missing_extra(command: str, extra: str, error: ImportError) -> ImportError:
+    return ImportError(f"thermik {command} needs the '{extra}' extra: pip install -e \".[{extra}]\" ({error})")
 
+
+def _cmd_inference(cfg: ServeConfig) -> None:
+    try:
+        from thermik.inference.server import app  # noqa: F401  (fastapi: the 'serve' extra)
+        from thermik.inference.server.run import serve
+    except ModuleNotFoundError as e:
+        raise _missing_extra("inference", "serve", e) from e
     serve(cfg)
 
 
 def _cmd_tinker(cfg: Any) -> None:
-    from thermik.tinker.run import serve
-
+    try:
+        from thermik.tinker import app  # noqa: F401  (the tinker SDK, fastapi: the 'tinker' extra)
+        from thermik.tinker.run import serve
+    except ModuleNotFoundError as e:
+        raise _missing_extra("tinker", "tinker", e) from e
     serve(cfg)
 
 

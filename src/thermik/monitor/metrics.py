@@ -108,8 +108,8 @@ def _tensorboard_writer(log_dir: Path) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as e:
-        raise RuntimeError(
-            "monitor.tensorboard=true needs the 'tensorboard' package: pip install tensorboard "
+        raise ImportError(
+            "monitor.tensorboard=true needs the 'tensorboard' package: pip install -e \".[sinks]\" "
             f"(or set --monitor.tensorboard false). Import failed with: {e}"
         ) from None
     return SummaryWriter(log_dir=str(log_dir))
@@ -119,8 +119,8 @@ def _wandb_run(project: str, run_dir: Path, mode: str) -> Any:
     try:
         import wandb
     except ImportError:
-        raise RuntimeError(
-            f"monitor.wandb_project={project!r} needs the 'wandb' package: pip install wandb "
+        raise ImportError(
+            f"monitor.wandb_project={project!r} needs the 'wandb' package: pip install -e \".[sinks]\" "
             "(or leave --monitor.wandb_project empty)."
         ) from None
     # offline: the run lives in run_dir/wandb/offline-run-*; `wandb sync` uploads it later
