@@ -17,7 +17,7 @@ from thermik.data.conversations import DataOrder, as_conversation, encode_all, l
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.training.optim import build_optimizer
 from thermik.training.packing import block_causal_bias, pack
-from thermik.training.sft import sft_loss, sft_token_logprobs, sft_update
+from thermik.training.sft import micro_batches, sft_loss, sft_token_logprobs, sft_update
 
 
 def _examples(n: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
@@ -78,6 +78,26 @@ def test_packed_per_token_loss_and_gradients_equal_the_padded_batch(tiny_model_d
         sft_loss(model, examples, 0, pack_tokens=pack_tokens).backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+
+
+def test_micro_batches_bound_the_padded_size_and_give_the_batch_gradient(tiny_model_dir):
+    """Micro-batches of at most 160 padded tokens: the same loss and gradient as the whole batch at once, with and
+    without packing, to float rounding."""
+    examples = _examples(12)
+    chunks = micro_batches(examples, 160)
+    assert [e for c in chunks for e in c] == examples and len(chunks) > 2
+    assert all(len(c) == 1 or len(c) * max(len(e[0]) for e in c) <= 160 for c in chunks)
+    for pack_tokens in (0, 96):
+        grads, losses = [], []
+        for budget in (0, 160):
+            model = load_model(tiny_model_dir)
+            optimizer, scheduler = build_optimizer(model, OptimizerConfig(lr=1e-3))
+            out = sft_update(model, examples, 0, optimizer, scheduler, 1e9, pack_tokens=pack_tokens,
+                             micro_batch_tokens=budget)  # fmt: skip
+            losses.append(out["sft/loss"])
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
 
 
 def test_prompt_completion_rows_train_the_completion_only(tiny_model_dir, tmp_path):

@@ -839,6 +839,10 @@ class SFTConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Limits for the held-out check.")
     max_steps: int = Field(600, ge=1, description="Most optimizer steps.")
     batch_size: int = Field(32, ge=1, description="Conversations per optimizer step.")
+    micro_batch_tokens: int = Field(
+        4096, ge=0, description="Forward and backward in micro-batches of at most this many padded tokens (count x "
+        "longest; gradients accumulate: the step is the same); bounds the activations' memory. 0: the whole batch."
+    )  # fmt: skip
     max_length: int = Field(512, ge=8, description="Conversations are truncated to this many tokens.")
     packing: bool = Field(
         True, description="Pack the conversations of a batch into shared rows, each attending only to itself (same "

@@ -69,8 +69,9 @@ class SFTMode(Mode):
         self.result["steps"] = step + 1
         opt = self.cfg.optimizer
         return sft_update(
-            self.model, batch, pad, self.optimizer, self.scheduler, opt.max_grad_norm, self.autocast, self.pack_tokens
-        )
+            self.model, batch, pad, self.optimizer, self.scheduler, opt.max_grad_norm, self.autocast, self.pack_tokens,
+            self.cfg.micro_batch_tokens,
+        )  # fmt: skip
 
     def save(self, step: int) -> None:
         save_sft_checkpoint(self.checkpoints, step, self.model, self.optimizer, self.scheduler, self.order.position)

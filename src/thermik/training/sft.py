@@ -47,12 +47,31 @@ def sft_loss(
     pad_id: int,
     autocast: torch.dtype | None = None,
     pack_tokens: int = 0,
+    num_trained: int | None = None,
 ) -> torch.Tensor:
-    """Mean negative log-likelihood over the trained tokens of the batch (autocast: training/precision.py; the
-    logprobs are float32 either way)."""
+    """Negative log-likelihood of the trained tokens of `examples`, divided by `num_trained` (default: their own count,
+    the mean; a micro-batch divides by its whole batch's count so that the micro-batches' gradients add up to the
+    batch's). Autocast: training/precision.py; the logprobs are float32 either way."""
     with train_autocast(model, autocast):
         logp, mask = sft_token_logprobs(model, examples, pad_id, pack_tokens)
-    return -(logp * mask).sum() / mask.sum().clamp(min=1)
+    return -(logp * mask).sum() / (mask.sum().clamp(min=1) if num_trained is None else max(num_trained, 1))
+
+
+def trained_tokens(examples: list[Example]) -> int:
+    """Tokens the loss counts: the mask after the first position (a first token has no prediction)."""
+    return sum(sum(m[1 : len(ids)]) for ids, m in examples)
+
+
+def micro_batches(examples: list[Example], max_tokens: int) -> list[list[Example]]:
+    """Consecutive runs of `examples` whose padded size (count x longest) stays within `max_tokens` (one example at
+    least each): the activations of a forward and backward grow with it, the gradient does not (docs/sft.md)."""
+    chunks: list[list[Example]] = [[]]
+    for example in examples:
+        chunk = chunks[-1]
+        if chunk and (len(chunk) + 1) * max(len(e[0]) for e in [*chunk, example]) > max_tokens:
+            chunks.append(chunk := [])
+        chunk.append(example)
+    return chunks
 
 
 def sft_update(
@@ -64,13 +83,18 @@ def sft_update(
     max_grad_norm: float,
     autocast: torch.dtype | None = None,
     pack_tokens: int = 0,
+    micro_batch_tokens: int = 0,
 ) -> dict[str, float]:
-    """One optimizer step on a batch of encoded conversations."""
+    """One optimizer step on a batch of encoded conversations, its forward and backward in micro-batches of at most
+    `micro_batch_tokens` padded tokens (0: the whole batch at once)."""
     t0 = time.perf_counter()
     model.train()
-    loss = sft_loss(model, batch, pad, autocast, pack_tokens)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    num_trained, loss = trained_tokens(batch), torch.zeros(())
+    for chunk in micro_batches(batch, micro_batch_tokens) if micro_batch_tokens else [batch]:
+        part = sft_loss(model, chunk, pad, autocast, pack_tokens, num_trained)
+        part.backward()
+        loss += part.detach().cpu()
     params = [p for p in model.parameters() if p.grad is not None]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
