@@ -107,6 +107,23 @@ def test_synthesize_writes_rows_and_answers(tmp_path: Path) -> None:
     assert done.returncode == 2 and "leg_counting" in done.stderr and not (tmp_path / "x").exists()
 
 
+def test_synthesize_takes_the_task_config_from_a_run_config(tmp_path: Path) -> None:
+    toml = tmp_path / "run.toml"
+    toml.write_text(
+        '[env.reasoning_gym]\nconfig = {min_terms = 2, max_terms = 2, max_digits = 1}\nextraction = "full"\n'
+    )
+    args = ["--env", "reasoning_gym:basic_arithmetic", "--n", "6", "--config", str(toml), "--out", str(tmp_path / "d")]
+    done = run_thermik("synthesize", *args)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(x) for x in (tmp_path / "d" / "rows.jsonl").read_text().splitlines()]
+    convs = [json.loads(x) for x in (tmp_path / "d" / "sft.jsonl").read_text().splitlines()]
+    assert all(r["reward_spec"]["reasoning_gym"]["config"]["max_terms"] == 2 for r in rows)
+    assert [c["messages"][-1]["content"] for c in convs] == [r["reward_spec"]["ground_truth"] for r in rows]
+    (tmp_path / "bad.toml").write_text("[env.reasoning_gym]\nextraktion = 1\n")
+    done = run_thermik("synthesize", *args[:-2], "--config", str(tmp_path / "bad.toml"), "--out", str(tmp_path / "e"))
+    assert done.returncode == 2 and "extraktion" in done.stderr
+
+
 @pytest.mark.slow
 def test_eval_and_rl_run_on_a_reasoning_gym_composite(tiny_model_dir: Path, tmp_path: Path) -> None:
     eval_then_rl(

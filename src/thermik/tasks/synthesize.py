@@ -13,16 +13,24 @@ from thermik.tools.mcp_pool import MCPPool
 
 
 def synthesize(
-    env: str, n: int, out: Path, split: str = "train", seed: int = 0, llm: LLMGeneratorConfig | None = None
+    env: str,
+    n: int,
+    out: Path,
+    split: str = "train",
+    seed: int = 0,
+    llm: LLMGeneratorConfig | None = None,
+    options: EnvConfig | None = None,
 ) -> tuple[Path, Path]:
     """Writes out/rows.jsonl (RL rows) and out/sft.jsonl ({"messages", "tools"} per row).
 
-    Rows come from the environment's rule-based generator, or from a model when `llm` is given.
+    Rows come from the environment's rule-based generator, or from a model when `llm` is given; `options` (a run's
+    [env] section) configures generators that read it (env.reasoning_gym).
     """
+    options = options or EnvConfig(name=env)
     if llm is not None:
         rows = llm_generate_rows(env, n, llm, seed=seed, split=split)
     else:
-        rows = generate_rows(env, n, seed, split=split)
+        rows = generate_rows(env, n, seed, split=split, options=options)
     out.mkdir(parents=True, exist_ok=True)
     rows_path, sft_path = out / "rows.jsonl", out / "sft.jsonl"
     write_rows(rows_path, rows)
@@ -30,7 +38,7 @@ def synthesize(
     pool = MCPPool()  # the envs are built only to read their tool schemas: no server is started
     with tmp.open("w") as f:
         for row in rows:
-            f.write(json.dumps({"messages": solve(row), "tools": _tools(env, row, pool)}) + "\n")
+            f.write(json.dumps({"messages": solve(row, options), "tools": _tools(row, pool, options)}) + "\n")
     tmp.replace(sft_path)
     return rows_path, sft_path
 
@@ -44,7 +52,7 @@ def convert(conversations: Path, out: Path, env_class: str) -> tuple[Path, int]:
     return write_rows(out / "rows.jsonl", rows), len(rows)
 
 
-def _tools(env: str, row: dict[str, Any], pool: MCPPool) -> list[dict[str, Any]] | None:
-    options = EnvConfig(name=env)
+def _tools(row: dict[str, Any], pool: MCPPool, options: EnvConfig) -> list[dict[str, Any]] | None:
     extra_info = row.get("extra_info", {})
-    return make_env(env, reward_spec=row["reward_spec"], extra_info=extra_info, options=options, pool=pool).tools
+    env = make_env(options.name, reward_spec=row["reward_spec"], extra_info=extra_info, options=options, pool=pool)
+    return env.tools
