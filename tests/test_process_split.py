@@ -18,6 +18,7 @@ from conftest import cli_env, short_rl_config, thermik_argv
 from safetensors.torch import load_file
 from serving import embedded_engine, running, start_thermik_inference
 
+from thermik.assembly.guards import ConsistencyError
 from thermik.atomic import write_json_atomic
 from thermik.config import ConfigError, dump_toml, load_config
 from thermik.config.schema import RunConfig, ServeConfig
@@ -206,3 +207,42 @@ def test_inference_trainer_orchestrator_run_from_one_config(tmp_path: Path, tiny
     assert [r["step"] for r in trained] == [1, 2, 3] and all(r["off_policy/staleness_max"] <= 1 for r in trained)
     assert json.loads((cfg.run_dir / "eval_after.json").read_text())["n"] == 4
     assert (cfg.run_dir / "checkpoints" / "step_3").is_dir() and (cfg.run_dir / "export").is_dir()
+
+
+def test_the_orchestrator_checks_the_weights_the_server_loaded(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The weight checksum guard in a split run: after each admission the server's checksums (GET /weight_checksums)
+    are held against the weight file the trainer published; a server that corrupts what it loads stops the run."""
+    engine, tokenizer = embedded_engine(tiny_model_dir)
+    tensor = "model.layers.0.mlp.down_proj.weight"
+    load = engine.update_weights
+
+    async def corrupting_load(source):
+        version = await load(source)
+        if version == 2:  # the second load lands corrupted
+            with torch.no_grad():
+                engine.model.state_dict()[tensor].mul_(8.0)
+        return version
+
+    engine.update_weights = corrupting_load
+    app = build_app(engine, tokenizer, model_name="tiny", api_key=None, max_model_len=256)
+    with running(app, on_exit=engine.close) as url:
+        sums = httpx.get(url + "/weight_checksums").json()
+        assert sums["weight_version"] == 0 and tensor in sums["checksums"]
+        cfg = short_rl_config(
+            tmp_path, tiny_model_dir, "guarded", "reverse_text", inference={"base_url": url},
+            split={"wait_timeout_s": 10, "poll_interval_s": 0.02},
+        )  # fmt: skip
+        state = load_file(str(tiny_model_dir / "model.safetensors"))
+
+        async def scenario() -> None:
+            orch = await setup_orchestrator(cfg)
+            try:
+                for step in (1, 2):
+                    publish_dir(orch.layout.weights_dir(step), lambda d: write_safetensors(state, d / WEIGHTS_FILE))
+                    await load_new_weights(orch, step, 0)
+                    assert "guards/weight_checksum_s" in orch.guard_metrics  # step 1's healthy load was checked
+            finally:
+                await orch.run.close()
+
+        with pytest.raises(ConsistencyError, match=rf"weight checksum guard .*first {tensor}"):
+            asyncio.run(scenario())

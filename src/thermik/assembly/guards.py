@@ -1,5 +1,5 @@
-"""Consistency guards between the engines and the trainer, in every run mode that syncs weights (local, Ray): they
-stop the run, naming the guard, before a silent mismatch between the engine and the trainer corrupts training.
+"""Consistency guards between the engines and the trainer, in every run mode (local, Ray, split): they stop the run,
+naming the guard, before a silent mismatch between the engine and the trainer corrupts training.
 
 - Weight checksum, after every weight sync: each tensor the sync sent and the engine's tensor of that name get an
   exact checksum (the wrapping sum of each element's mixed raw bits, in the engine's dtype). Integer sums are
@@ -11,59 +11,38 @@ stop the run, naming the guard, before a silent mismatch between the engine and 
 A mode says where the weights live with two functions: `WeightCheck` (the mismatching tensors, or None where the
 engine's weights cannot be read) and `Scorer` (the trainer's logprobs of a token sequence). Local mode reads the
 engine's weights in this process (`local_weight_check`, `policy_scorer`); Ray asks the engine actors and trainer
-rank 0 for their checksums and scores (distributed/launch.py). Engines without readable weights (remote, vLLM)
-cannot be checksummed: that guard then warns once and skips.
+rank 0 for their checksums and scores (distributed/launch.py); the split orchestrator holds the server's checksums
+(GET /weight_checksums) against the weight file the trainer published (`served_weight_check`) and, with no trainer
+beside it, runs no parity probe. Engines without readable weights (vLLM) cannot be checksummed: that guard then
+warns once and skips.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
 from thermik.config.schema import GuardsConfig
-from thermik.cpu import kernels as cpu_kernels
+from thermik.cpu.checksum import checksum
 from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.inference.base import InferenceEngine, SamplingParams
+from thermik.inference.remote import RemoteEngine
 from thermik.training.batch import token_logprobs
 
 PROBE_TEXT = "thermik parity probe: 3 + 4 = 7; reverse 'abc' -> 'cba'."
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_MIX = (-1640531535, 16, -2048144789)  # 0x9E3779B1, a shift, 0x85EBCA6B (as int32)
-
-
 WeightCheck = Callable[[], Awaitable[tuple[list[str], int] | None]]  # (mismatching tensors, tensors sent) or None
 Scorer = Callable[[list[int]], Awaitable[Sequence[float]]]  # the trainer's logprob of each next token of the ids
 
 
 class ConsistencyError(RuntimeError):
     """The engine and the trainer disagree; the message names the guard."""
-
-
-@torch.no_grad()
-def checksum(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> int:
-    """Each element's raw bits through an integer mix (multiply, xor-shift, multiply), summed with wrap-around: exact
-    and order-independent, and a structured change (a tensor scaled by a power of two, negated) does not cancel out
-    as it does in a plain sum of the bits. 32-bit arithmetic: ten times faster on CPU than 64-bit. `dtype`: the
-    checksum of `tensor.to(dtype)`. CPU tensors of the common types take one C pass (cpu/csrc/checksum.c), the same
-    integers without the copies (benchmarks/guard_checksum.py measures both)."""
-    dtype = dtype or tensor.dtype
-    kernels = cpu_kernels.load_checksum() if cpu_kernels.kernels_enabled() else None
-    if kernels is not None and (fast := kernels(tensor.detach(), dtype)) is not None:
-        return fast
-    flat = tensor.detach().to(dtype).contiguous().reshape(-1)
-    if flat.dtype == torch.bool:
-        flat = flat.to(torch.uint8)
-    bits = flat.view(_BITS[flat.element_size()])
-    h = bits.to(torch.int32) if bits.element_size() < 4 else bits.clone()
-    first, shift, second = _MIX
-    h *= first
-    h ^= h >> shift
-    h *= second
-    return int(h.sum(dtype=h.dtype))
 
 
 def weight_mismatches(sent: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor]) -> list[str]:
@@ -90,6 +69,25 @@ def local_weight_check(engine: InferenceEngine, sent: Mapping[str, torch.Tensor]
     async def check() -> tuple[list[str], int] | None:
         held = engine_state(engine)
         return None if held is None else (weight_mismatches(sent, held), len(sent))
+
+    return check
+
+
+def served_weight_check(engine: RemoteEngine, weights_file: Path) -> WeightCheck:
+    """The weight check of a split run: the tensors of the trainer's published `weights_file` against the checksums
+    the inference server reports for the weights it holds (None where it cannot report them)."""
+
+    async def check() -> tuple[list[str], int] | None:
+        held = await engine.weight_checksums()
+        if held is None:
+            return None
+        sent = await asyncio.to_thread(load_file, str(weights_file))
+        bad = [
+            f"{name} (absent in the engine)" if name not in held else name
+            for name, tensor in sent.items()
+            if name not in held or checksum(tensor, getattr(torch, held[name][0])) != held[name][1]
+        ]
+        return bad, len(sent)
 
     return check
 
@@ -123,7 +121,7 @@ class ConsistencyGuards:
 
     def __init__(self, cfg: GuardsConfig, probe_ids: list[int]) -> None:
         self.cfg, self.probe_ids = cfg, probe_ids
-        self._warned = False
+        self._warned: set[str] = set()
 
     @classmethod
     def for_run(cls, cfg: GuardsConfig, chat: ChatTokenizer) -> ConsistencyGuards:
@@ -131,15 +129,18 @@ class ConsistencyGuards:
         return cls(cfg, list(chat.tokenizer.encode(PROBE_TEXT, add_special_tokens=False)))
 
     async def after_sync(
-        self, engine: InferenceEngine, weights: WeightCheck, score: Scorer, step: int
+        self, engine: InferenceEngine, weights: WeightCheck, score: Scorer | None, step: int
     ) -> dict[str, float]:
-        """Run the guards due after the sync that ended `step` (0-based); raise ConsistencyError on a mismatch."""
+        """Run the guards due after the sync that ended `step` (0-based); raise ConsistencyError on a mismatch.
+        score None: no trainer beside the engine (the split orchestrator), so no parity probe (warned once)."""
         metrics: dict[str, Any] = {}
         if self.cfg.weight_checksum:
             t0 = time.perf_counter()
             self._check_weights(engine, await weights())
             metrics["guards/weight_checksum_s"] = time.perf_counter() - t0
-        if self.cfg.parity_every and (step + 1) % self.cfg.parity_every == 0:
+        if self.cfg.parity_every and score is None:
+            self._warn_once("parity", "guards.parity_every: no trainer model beside this engine; the probe is not run")
+        elif self.cfg.parity_every and (step + 1) % self.cfg.parity_every == 0:
             t0 = time.perf_counter()
             gap = await parity_gap(engine, score, self.probe_ids, self.cfg.parity_tokens)
             metrics |= {"guards/parity_max_abs_diff": gap, "guards/parity_s": time.perf_counter() - t0}
@@ -151,15 +152,16 @@ class ConsistencyGuards:
                 )
         return metrics
 
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+            self._warned.add(key)
+
     def _check_weights(self, engine: InferenceEngine, found: tuple[list[str], int] | None) -> None:
         if found is None:
-            if not self._warned:
-                warnings.warn(
-                    f"guards.weight_checksum: {type(engine).__name__} holds no weights in this process; not checked",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                self._warned = True
+            self._warn_once(
+                "weights", f"guards.weight_checksum: {type(engine).__name__}'s weights cannot be read; not checked"
+            )
             return
         bad, sent = found
         if bad:

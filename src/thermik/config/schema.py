@@ -618,8 +618,8 @@ class CheckpointConfig(Section):
 
 
 class GuardsConfig(Section):
-    """Consistency guards between engines and trainer, local and Ray modes (assembly/guards.py); each stops the run
-    naming itself."""
+    """Consistency guards between engines and trainer in every run mode (assembly/guards.py; the parity probe needs
+    the trainer beside the engine: not in a split run); each stops the run naming itself."""
 
     weight_checksum: bool = Field(
         True,

@@ -236,6 +236,17 @@ class RemoteEngine:
             ) from exc
         await self._request("POST", "/reset_prefix_cache")
 
+    async def weight_checksums(self) -> dict[str, tuple[str, int]] | None:
+        """{name: (dtype, exact checksum)} of the weights the server holds (thermik's server), or None where the
+        server cannot report them (vLLM, an engine without readable weights)."""
+        if await self.server_owner() != THERMIK_OWNER:
+            return None
+        try:
+            reply = await self._request("GET", "/weight_checksums")
+        except ValueError:  # 404: its engine's weights are not readable
+            return None
+        return {name: (dtype, int(value)) for name, (dtype, value) in reply["checksums"].items()}
+
     async def refresh_version(self) -> int:
         """Read the server's current weight version."""
         self._version = int((await self._request("GET", "/weight_version"))["weight_version"])

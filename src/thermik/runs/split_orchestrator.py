@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from thermik.assembly.guards import ConsistencyGuards, served_weight_check
 from thermik.atomic import write_json_atomic
 from thermik.config.schema import RunConfig
 from thermik.inference.remote import RemoteEngine
+from thermik.inference.weights import WEIGHTS_FILE
 from thermik.rollout.context import RolloutContext, evaluate_held_out, sample_groups
 from thermik.rollout.evaluation import EvalResult
 from thermik.rollout.staleness import staleness_metrics, within_staleness
@@ -45,6 +47,8 @@ class OrchestratorMode(Mode):
         self.rollout_ctx: RolloutContext = run.rollout
         self.engine: RemoteEngine = run.rollout.engine  # type: ignore[assignment]
         self.weight_step = 0  # trainer step of the weights the server holds
+        self.guards = ConsistencyGuards.for_run(self.cfg.guards, run.chat)
+        self.guard_metrics: dict[str, float] = {}  # of the last admission's weight loads
         self.step_of_version: dict[int, int] = {}  # server weight version -> trainer step
 
     async def rollout(self, step: int) -> Rollout:
@@ -62,6 +66,7 @@ class OrchestratorMode(Mode):
             **staleness_metrics(stale),
             "weights/step": float(self.weight_step),
             "time/wait_weights": t_wait,
+            **self.guard_metrics,
             "time/generate": t_generate,
         }
         return make_rollout(self.rollout_ctx, step, sampled, trajs, metrics)
@@ -163,9 +168,13 @@ async def load_new_weights(orch: OrchestratorMode, step: int, max_off_policy_ste
         check="that `thermik trainer` runs with this config (see the trainer's log and trainer/metrics.jsonl)",
     )
     waited = time.perf_counter() - t0
-    for published in published_steps(orch.layout.weights):
-        if published > orch.weight_step:
-            await _load(orch, published)
+    loaded = [s for s in published_steps(orch.layout.weights) if s > orch.weight_step]
+    for published in loaded:
+        await _load(orch, published)
+    if loaded:  # the consistency guards on what the server now holds: the newest weights the trainer published
+        newest = orch.layout.weights_dir(loaded[-1]) / WEIGHTS_FILE
+        check = served_weight_check(orch.engine, newest)
+        orch.guard_metrics = await orch.guards.after_sync(orch.engine, check, None, loaded[-1] - 1)
     return waited
 
 

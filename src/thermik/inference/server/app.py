@@ -10,11 +10,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from thermik.cpu.checksum import checksum
 from thermik.inference.base import Generation, InferenceEngine, SamplingParams, StreamItem
 from thermik.inference.remote import THERMIK_OWNER
 from thermik.inference.server import outputs, streaming
@@ -321,6 +323,18 @@ class OpenAIServer:
     async def weight_version(self) -> dict[str, int]:
         return {"weight_version": self.engine.weight_version}
 
+    async def weight_checksums(self) -> dict[str, Any]:
+        """{name: [dtype, exact checksum]} of the weights the engine serves (cpu/checksum.py), for the weight checksum
+        guard of a split run; 404 when the engine's weights are not readable here."""
+        model = getattr(self.engine, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            raise ApiError(404, f"{type(self.engine).__name__} holds no weights this server can read", None)
+        state = model.state_dict()
+        sums = await asyncio.to_thread(
+            lambda: {k: [str(v.dtype).removeprefix("torch."), checksum(v)] for k, v in state.items()}
+        )
+        return {"weight_version": self.engine.weight_version, "checksums": sums}
+
     async def models(self) -> dict[str, Any]:
         card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": THERMIK_OWNER,
                 "max_model_len": self.max_model_len}  # fmt: skip
@@ -416,6 +430,7 @@ def build_app(
     auth = [Depends(check_key)]
     app.get("/health")(server.health)
     app.get("/weight_version", dependencies=auth)(server.weight_version)
+    app.get("/weight_checksums", dependencies=auth)(server.weight_checksums)
     app.get("/v1/models", dependencies=auth)(server.models)
     app.post("/v1/completions", dependencies=auth)(server.completions)
     app.post("/v1/chat/completions", dependencies=auth)(server.chat_completions)
