@@ -6,13 +6,14 @@
 # Every stage is time-boxed; a failed stage is recorded and the next one runs. Results in the output directory:
 # summary.md (stage table and figures), results.json, logs.tar.gz (every log, metrics.jsonl and SFT result).
 #
-#     bash scripts/gpu_check.sh --device cuda --wheels .whl --out "$OUT"    # on a GPU machine, about 6 minutes
+#     bash scripts/gpu_check.sh --device cuda --wheels .whl --out "$OUT"    # on a GPU machine, at most ~7.5 minutes
 #     bash scripts/gpu_check.sh --device cpu --quick --out /tmp/gpu-check   # the dry run, tiny sizes (tests)
 #
 # Options: --device cuda|cpu|cuda:N (default cuda), --out DIR (default $OUT, else .gpu-check), --wheels DIR (wheels
 # installed with pip --no-index --no-deps into a private directory first: scripts/gpu_wheels.sh makes them),
 # --quick (tiny sizes), --stages env,tests,calculator,mfu,generate,rl_sync (a subset), --budget SECONDS (default 440:
-# each stage's limit is cut to what is left of it). No network, no pip index, no install into the environment.
+# each stage's limit is cut to what is left of it), --keep (keep the work directory with its models and runs; by
+# default only what logs.tar.gz holds is kept). No network, no pip index, no install into the environment.
 set -uo pipefail
 
 thermik() { "$PY" -m thermik.cli "$@"; }
@@ -151,6 +152,7 @@ WHEELS=""
 QUICK=0
 STAGES="env,tests,calculator,mfu,generate,rl_sync"
 BUDGET=440
+KEEP=0
 while (($#)); do
   case $1 in
     --device) DEVICE=$2; shift 2 ;;
@@ -159,6 +161,7 @@ while (($#)); do
     --quick) QUICK=1; shift ;;
     --stages) STAGES=$2; shift 2 ;;
     --budget) BUDGET=$2; shift 2 ;;
+    --keep) KEEP=1; shift ;;
     *) echo "gpu_check: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -228,6 +231,13 @@ report=$?
 tar -czf "$OUT_DIR/logs.tar.gz" -C "$WORK" logs $(cd "$WORK" && find runs -maxdepth 2 \
   \( -name metrics.jsonl -o -name sft_result.json -o -name 'eval_*.json' -o -name config.toml \) 2>/dev/null)
 cat "$OUT_DIR/summary.md"
-echo "gpu_check: results in $OUT_DIR (work directory $WORK)"
-awk -F'\t' 'NR > 1 && $2 != "0" { bad = 1 } END { exit bad }' "$LOGS/stages.tsv" && exit "$report"
-exit 1
+failed=0
+awk -F'\t' 'NR > 1 && $2 != "0" { bad = 1 } END { exit bad }' "$LOGS/stages.tsv" || failed=1
+if ((KEEP)); then
+  echo "gpu_check: results in $OUT_DIR (work directory $WORK)"
+else
+  rm -rf "$WORK"
+  echo "gpu_check: results in $OUT_DIR"
+fi
+((failed)) && exit 1
+exit "$report"
