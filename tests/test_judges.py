@@ -256,3 +256,25 @@ def test_asynchronous_training_judges_its_groups_and_logs_every_request(tiny_mod
     judged = [r for r in records if "judge/score_mean" in r]  # a step logs the groups scored since the last one
     assert judged and all(r["judge/score_mean"] == pytest.approx(0.6) and r["judge/failures"] == 0 for r in judged)
     assert sum(r["judge/requests"] for r in judged) == state["requests"]
+
+
+@pytest.mark.slow
+def test_a_step_goes_on_when_the_judge_server_is_down(tiny_model_dir, tmp_path):
+    from conftest import short_rl_config
+
+    from thermik.runs.local import run_rl
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg = short_rl_config(
+        tmp_path, tiny_model_dir, "judge-down", "reverse_text",
+        trainer={"steps": 1, "prompts_per_step": 2, "group_size": 2}, eval={"before": False, "size": 2},
+    )  # fmt: skip
+    judge = JudgeConfig(base_url=f"http://127.0.0.1:{port}", model="judge", retries=1, retry_backoff_s=0.01,
+                        failure_value=0.25)  # fmt: skip
+    run_rl(cfg.model_copy(update={"rewards": RewardsConfig(env_weight=0.0, judge=judge)}))
+    (step,) = [r for r in read_metrics(tmp_path / "judge-down") if "judge/failures" in r]
+    assert step["judge/failures"] == 4 and step["judge/unreachable"] == 4 and step["judge/retries"] == 4
+    assert step["reward/mean"] == pytest.approx(0.25), "every episode scored the configured value"
+    assert "policy/loss" in step, "the update ran"
