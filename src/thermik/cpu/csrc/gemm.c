@@ -30,32 +30,25 @@
 
 static int64_t panels_of(int64_t n) { return (n + PANEL - 1) / PANEL; }
 
-void thermik_pack_f32(const float *w, int64_t n, int64_t k, float *packed, int threads) {
-    int64_t panels = panels_of(n);
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t p = 0; p < panels; p++) {
-        float *dst = packed + p * k * PANEL;
-        for (int64_t kk = 0; kk < k; kk++)
-            for (int64_t j = 0; j < PANEL; j++) {
-                int64_t col = p * PANEL + j;
-                dst[kk * PANEL + j] = col < n ? w[col * k + kk] : 0.0f;
-            }
+/* Panels of W [n, k]: position `pos` of panel row kk holds column COLUMN(pos) of the panel, STORE-d (0 past n). */
+#define DEFINE_PACK(NAME, T, COLUMN, STORE)                                                                     \
+    void NAME(const float *w, int64_t n, int64_t k, T *packed, int threads) {                                 \
+        int64_t panels = panels_of(n);                                                                         \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                                      \
+        for (int64_t p = 0; p < panels; p++) {                                                                 \
+            T *dst = packed + p * k * PANEL;                                                                   \
+            for (int64_t kk = 0; kk < k; kk++)                                                                 \
+                for (int64_t pos = 0; pos < PANEL; pos++) {                                                    \
+                    int64_t col = p * PANEL + COLUMN(pos);                                                     \
+                    dst[kk * PANEL + pos] = col < n ? STORE(w[col * k + kk]) : 0;                              \
+                }                                                                                              \
+        }                                                                                                      \
     }
-}
-
+#define SAME_COLUMN(pos) (pos)
 /* Position 2j of a bfloat16 panel row holds column j, position 2j + 1 column j + 8. */
-void thermik_pack_bf16(const float *w, int64_t n, int64_t k, bf16 *packed, int threads) {
-    int64_t panels = panels_of(n);
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t p = 0; p < panels; p++) {
-        bf16 *dst = packed + p * k * PANEL;
-        for (int64_t kk = 0; kk < k; kk++)
-            for (int64_t pos = 0; pos < PANEL; pos++) {
-                int64_t col = p * PANEL + (pos % 2 ? PANEL / 2 + pos / 2 : pos / 2);
-                dst[kk * PANEL + pos] = col < n ? bf16_store(w[col * k + kk]) : 0;
-            }
-    }
-}
+#define PAIRED_COLUMN(pos) ((pos) % 2 ? PANEL / 2 + (pos) / 2 : (pos) / 2)
+DEFINE_PACK(thermik_pack_f32, float, SAME_COLUMN, f32_store)
+DEFINE_PACK(thermik_pack_bf16, bf16, PAIRED_COLUMN, bf16_store)
 
 #ifdef THERMIK_GEMM_AVX2
 static inline void panel_row_f32(const float *b, __m256 *lo, __m256 *hi) {
