@@ -159,3 +159,13 @@ def test_the_distillation_example_configs_validate(name, kind):
     cfg = load_config({"sft": SFTConfig, "rl": RunConfig, "eval": EvalRunConfig}[kind], ["@", str(path)], env={})
     if kind == "rl":
         assert cfg.algorithm.teacher == "runs/distill-teacher/model" and cfg.algorithm.teacher_mode == "distill"
+
+
+def test_a_server_teacher_that_is_down_is_named_with_the_way_out():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(RuntimeError, match=r"algorithm.teacher http://127.0.0.1:\d+ did not answer.*thermik inference"):
+        asyncio.run(ServerTeacher(f"http://127.0.0.1:{port}", "t", "", 5.0, 2).logprobs(_batch()))

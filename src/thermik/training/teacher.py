@@ -59,9 +59,16 @@ class ServerTeacher:
         lengths = batch.attention_mask.sum(dim=-1).tolist()
         rows = [batch.input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
         gate = asyncio.Semaphore(self.concurrency)
-        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
-            model = self.model or await self._first_model(client)
-            scored = await asyncio.gather(*(self._score(client, gate, model, ids) for ids in rows))
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
+                model = self.model or await self._first_model(client)
+                scored = await asyncio.gather(*(self._score(client, gate, model, ids) for ids in rows))
+        except httpx.TransportError as exc:  # down, refused, timed out: distillation cannot go on without it
+            raise RuntimeError(
+                f"algorithm.teacher {self.base_url} did not answer ({type(exc).__name__}: {exc}); start it, e.g. "
+                f"`thermik inference --model.path TEACHER_DIR --server.port PORT`, or raise "
+                f"algorithm.teacher_timeout_s ({self.timeout_s} s)"
+            ) from exc
         out = torch.zeros(batch.mask.shape)
         for i, values in enumerate(scored):
             out[i, : len(values)] = torch.tensor(values)
