@@ -174,11 +174,7 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
     starts = [0, *itertools.accumulate(lens)][:-1]
     groups, prompt_lens = plan.group_of_row.tolist(), plan.row_prompt_lens.tolist()
     dtype, group = _compute_dtype(x_r), num_heads // num_kv
-    biases = {}
-    for p, n in set(zip(prompt_lens, lens, strict=True)):
-        visible = torch.ones(n, p + n, dtype=torch.bool, device=device)
-        biases[p, n] = _mask_bias(visible.tril_(p), group, dtype)  # the whole prompt, then causally
-    causal = _mask_bias(torch.ones(prompt_width, prompt_width, dtype=torch.bool, device=device).tril(), group, dtype)
+    biases, causal = _mask_biases(prompt_lens, lens, prompt_width, group, dtype, device)
     shape = (num_heads, num_kv, head_dim)
     for layer in inner.layers:
         attn = layer.self_attn
@@ -200,6 +196,19 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
         x_r = x_r + gated_mlp(layer.mlp, rms_norm_to(x_r, layer.post_attention_layernorm, dtype))
     response_hidden = x_r.new_zeros(batch * span, x_r.shape[-1]).index_copy(0, real, x_r[: len(real)])
     return x_p, response_hidden.view(batch, span, -1), response_ids
+
+
+def _mask_biases(
+    prompt_lens: list[int], lens: list[int], prompt_width: int, group: int, dtype: torch.dtype, device: torch.device
+) -> tuple[dict[tuple[int, int], Tensor], Tensor]:
+    """The additive masks of `_forward`: per (prompt length, response length) a response sees its whole prompt, then
+    itself causally; the prompts see themselves causally."""
+    biases = {}
+    for p, n in set(zip(prompt_lens, lens, strict=True)):
+        visible = torch.ones(n, p + n, dtype=torch.bool, device=device)
+        biases[p, n] = _mask_bias(visible.tril_(p), group, dtype)
+    causal = _mask_bias(torch.ones(prompt_width, prompt_width, dtype=torch.bool, device=device).tril(), group, dtype)
+    return biases, causal
 
 
 def _attend_prompts(q: Tensor, k: Tensor, v: Tensor, causal: Tensor) -> Tensor:
