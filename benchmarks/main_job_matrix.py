@@ -19,6 +19,7 @@ after GRPO >= 0.85 and >= 0.20 over its own SFT checkpoint.
 
     python benchmarks/main_job_matrix.py                          # 3 seeds x 2 settings (about 40 min on 2 cores)
     python benchmarks/main_job_matrix.py --seeds 0 --settings auto
+    python benchmarks/main_job_matrix.py --collect --runs DIR     # the table of finished runs in DIR again
 """
 
 from __future__ import annotations
@@ -99,41 +100,60 @@ def precision_summary(log: str) -> str:
     return "; ".join(seen)
 
 
+def run_env(setting: str) -> dict[str, str]:
+    """The environment of a run: this checkout's thermik, this interpreter's `thermik`, the setting's variables."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, **SETTINGS[setting][1], "PYTHONPATH": str(REPO / "src"), "PATH": path}
+
+
 def run_one(setting: str, seed: int, runs: Path, quick: bool) -> RunResult:
-    """`bash examples/calculator/run.sh` for one seed and setting; its log goes to runs/<setting>-s<seed>.log."""
-    precision, extra = SETTINGS[setting]
-    out = runs / f"{setting}-s{seed}"
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # run.sh's `thermik`: this venv's
-    env = {**os.environ, **extra, "PYTHONPATH": str(REPO / "src"), "PATH": path}
-    argv = ["bash", str(SCRIPT), "--seed", str(seed), "--precision", precision, "--runs", str(out)]
-    argv += ["--quick"] if quick else []
+    """`bash examples/calculator/run.sh` for one seed and setting in runs/<setting>-s<seed>, its output in
+    runs/<setting>-s<seed>.log."""
+    env = run_env(setting)
+    argv = ["bash", str(SCRIPT), "--seed", str(seed), "--precision", SETTINGS[setting][0]]
+    argv += ["--runs", str(runs / f"{setting}-s{seed}")] + (["--quick"] if quick else [])
     log_path = runs / f"{setting}-s{seed}.log"
     start = time.perf_counter()
     with log_path.open("w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         _, status, usage = os.wait4(proc.pid, 0)  # ru_maxrss: the biggest process of the tree, in KiB on Linux
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - start
-    text = log_path.read_text()
-    if proc.returncode != 0:
-        tail = "\n".join(text.splitlines()[-30:])
-        sys.exit(f"{setting} seed {seed}: run.sh exited with {proc.returncode}; its log ({log_path}) ends:\n{tail}")
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        tail = "\n".join(log_path.read_text().splitlines()[-30:])
+        sys.exit(f"{setting} seed {seed}: run.sh exited with {code}; its log {log_path} ends:\n{tail}")
+    return read_result(setting, seed, runs, time.perf_counter() - start, usage.ru_maxrss / 2**20)
+
+
+def read_result(
+    setting: str, seed: int, runs: Path, wall_s: float | None = None, peak_rss_gb: float | None = None
+) -> RunResult:
+    """A finished run read back from runs/<setting>-s<seed> and its log. Without `wall_s` / `peak_rss_gb` (--collect)
+    they come from `/usr/bin/time -v` lines in the log when the run was started under it, else the sum of the stages
+    and 0."""
+    out, text = runs / f"{setting}-s{seed}", (runs / f"{setting}-s{seed}.log").read_text()
     before = json.loads((out / "calculator-rl" / "eval_before.json").read_text())
     after = json.loads((out / "calculator-rl" / "eval_after.json").read_text())
-    sft_steps = json.loads((out / "calculator-sft" / "sft_result.json").read_text())["steps"]
+    stages = {name: float(s) for name, s in STAGE_LINE.findall(text)}
+    if wall_s is None:
+        clock = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
+        parts = [float(x) for x in clock.group(1).split(":")] if clock else []
+        wall_s = sum(x * 60**i for i, x in enumerate(reversed(parts))) if parts else sum(stages.values())
+    if peak_rss_gb is None:
+        rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+        peak_rss_gb = int(rss.group(1)) / 2**20 if rss else 0.0
     return RunResult(
         setting=setting,
         seed=seed,
-        cpu=cpu_level(env),
+        cpu=cpu_level(run_env(setting)),
         precision=precision_summary(text),
-        sft_steps=sft_steps,
+        sft_steps=json.loads((out / "calculator-sft" / "sft_result.json").read_text())["steps"],
         sft=before["success"],
         sft_se=_se(before),
         rl=after["success"],
         rl_se=_se(after),
-        stages={name: float(s) for name, s in STAGE_LINE.findall(text)},
-        wall_s=wall,
-        peak_rss_gb=usage.ru_maxrss / 2**20,
+        stages=stages,
+        wall_s=wall_s,
+        peak_rss_gb=peak_rss_gb,
     )
 
 
@@ -144,7 +164,8 @@ def _se(result: dict) -> float:
 
 
 def _minutes(seconds: float) -> str:
-    return f"{int(seconds // 60)}:{seconds % 60:04.1f}"
+    whole = round(seconds)
+    return f"{whole // 60}:{whole % 60:02d}"
 
 
 def table(results: list[RunResult]) -> str:
@@ -189,6 +210,7 @@ def main() -> None:
     parser.add_argument("--settings", default="", help=f"comma-separated, of {', '.join(SETTINGS)}; default by CPU")
     parser.add_argument("--runs", default="runs/main-job-matrix", help="where the runs and their logs go")
     parser.add_argument("--quick", action="store_true", help="run.sh --quick: the plumbing only, numbers mean nothing")
+    parser.add_argument("--collect", action="store_true", help="run nothing: print the table of the runs in --runs")
     args = parser.parse_args()
     settings = (args.settings or default_settings()).split(",")
     unknown = [s for s in settings if s not in SETTINGS]
@@ -200,11 +222,14 @@ def main() -> None:
     results: list[RunResult] = []
     for setting in settings:
         for seed in seeds:
+            if args.collect:
+                results.append(read_result(setting, seed, runs))
+                continue
             results.append(run_one(setting, seed, runs, args.quick))
             r = results[-1]
             print(f"{setting} seed {seed}: {r.sft:.3f} -> {r.rl:.3f} in {_minutes(r.wall_s)}", file=sys.stderr)
             (runs / "results.json").write_text(json.dumps([asdict(x) for x in results], indent=1))
-    print(f"\nCPU: {cpu_model()}; torch threads: all cores (run.sh default)")
+    print(f"\nCPU: {cpu_model()}; torch threads: {os.environ.get('OMP_NUM_THREADS') or 'all cores'}")
     for setting in settings:
         r = next(x for x in results if x.setting == setting)
         print(f"  {setting}: {r.cpu}; {r.precision}")

@@ -121,8 +121,9 @@ def test_train_and_eval_splits_are_disjoint_across_seeds(env):
 def test_calculator_rows_shape():
     for row in generate_rows("calculator", 300, seed=0):
         expression = row["extra_info"]["expression"]
-        tokens = expression.split()
-        assert len(tokens) in (3, 5)
+        assert " " not in expression  # every character the model copies is a digit or an operator
+        tokens = re.findall(r"\d+|[+*-]", expression)
+        assert "".join(tokens) == expression and len(tokens) in (3, 5)
         assert all(0 <= int(t) <= 99 for t in tokens[::2]) and set(tokens[1::2]) <= {"+", "-", "*"}
         assert row["prompt"][-1] == {"role": "user", "content": f"What is {expression}?"}
         assert row["reward_spec"]["ground_truth"] == evaluate(expression)

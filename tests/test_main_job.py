@@ -50,3 +50,22 @@ def test_every_stage_runs_and_writes_its_files(bench, tmp_path: Path) -> None:
 def test_run_sh_refuses_bad_options(args: list[str], message: str) -> None:
     proc = subprocess.run(["bash", str(SCRIPT), *args], env=cli_env(), capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_collect_reads_finished_runs_and_their_time_lines(bench, tmp_path: Path) -> None:
+    """--collect: a run started by hand under `/usr/bin/time -v` is read back from its directory and log."""
+    out = tmp_path / "auto-s2"
+    for stage, name, value in [("calculator-rl", "eval_before.json", 0.4), ("calculator-rl", "eval_after.json", 0.9)]:
+        (out / stage).mkdir(parents=True, exist_ok=True)
+        (out / stage / name).write_text(json.dumps({"success": value, "n": 200, "problems": 200}))
+    (out / "calculator-sft").mkdir()
+    (out / "calculator-sft" / "sft_result.json").write_text(json.dumps({"steps": 340, "success": 0.61}))
+    log = "run.sh: stage sft 101.5 s\nthermik trainer: bf16-mixed (why)\nrun.sh: stage rl 150.0 s\n"
+    log += "\tElapsed (wall clock) time (h:mm:ss or m:ss): 4:31.50\n\tMaximum resident set size (kbytes): 2097152\n"
+    (tmp_path / "auto-s2.log").write_text(log)
+    result = bench.read_result("auto", 2, tmp_path)
+    assert (result.sft_steps, result.sft, result.rl) == (340, 0.4, 0.9)
+    assert result.stages == {"sft": 101.5, "rl": 150.0} and result.precision == "trainer: bf16-mixed"
+    assert result.wall_s == pytest.approx(271.5) and result.peak_rss_gb == pytest.approx(2.0)
+    assert result.meets_targets and result.gain == pytest.approx(0.5)
+    assert result.sft_se == pytest.approx((0.4 * 0.6 / 200) ** 0.5)

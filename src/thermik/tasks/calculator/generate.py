@@ -1,4 +1,4 @@
-"""Calculator rows: two or three operands in 0..99 with + - *, and the solver's tool call and answer."""
+"""Calculator rows: two or three operands in 0..99 with + - * (no spaces), and the solver's tool call and answer."""
 
 from __future__ import annotations
 
@@ -15,10 +15,14 @@ CALCULATOR_SYSTEM = "Use the calculate tool, then give the answer."
 
 
 def calculator_problem(rng: random.Random) -> str:
+    """An expression like `34*56-66`: without spaces, every character of the span the model copies into its tool
+    call is a digit or an operator. With spaces, a character-level model's copying ("the character after the one I
+    just copied") met the same space four times in one expression: a tiny model learned it later and at a step that
+    varied with the seed and the float arithmetic (README, "Measured")."""
     n_operands = rng.randint(2, 3)
     expression = str(rng.randint(0, 99))
     for _ in range(n_operands - 1):
-        expression += f" {rng.choice('+-*')} {rng.randint(0, 99)}"
+        expression += f"{rng.choice('+-*')}{rng.randint(0, 99)}"
     return expression
 
 
