@@ -17,7 +17,7 @@ from thermik.data.conversations import DataOrder, as_conversation, encode_all, l
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.training.optim import build_optimizer
 from thermik.training.packing import block_causal_bias, pack
-from thermik.training.sft import micro_batches, sft_loss, sft_token_logprobs, sft_update
+from thermik.training.sft import auto_micro_batch_tokens, micro_batches, sft_loss, sft_token_logprobs, sft_update
 
 
 def _examples(n: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
@@ -98,6 +98,23 @@ def test_micro_batches_bound_the_padded_size_and_give_the_batch_gradient(tiny_mo
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
         assert losses[1] == pytest.approx(losses[0], rel=1e-5)
         torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+
+
+def test_auto_micro_batch_keeps_a_small_model_whole_and_splits_a_big_vocabulary(tiny_model_dir):
+    from transformers import LlamaConfig
+
+    tiny = load_model(tiny_model_dir)
+    assert auto_micro_batch_tokens(tiny, 512) >= 16 * 512  # the calculator's batch in one piece
+    smollm2 = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                          vocab_size=49152)  # fmt: skip
+    tokens = auto_micro_batch_tokens(_with_config(smollm2), 512)
+    assert 128 <= tokens <= 1024
+
+
+def _with_config(config) -> torch.nn.Module:
+    module = torch.nn.Module()
+    module.config = config
+    return module
 
 
 def test_prompt_completion_rows_train_the_completion_only(tiny_model_dir, tmp_path):

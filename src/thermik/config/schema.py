@@ -840,8 +840,9 @@ class SFTConfig(Section):
     max_steps: int = Field(600, ge=1, description="Most optimizer steps.")
     batch_size: int = Field(32, ge=1, description="Conversations per optimizer step.")
     micro_batch_tokens: int = Field(
-        4096, ge=0, description="Forward and backward in micro-batches of at most this many padded tokens (count x "
-        "longest; gradients accumulate: the step is the same); bounds the activations' memory. 0: the whole batch."
+        0, ge=0, description="Forward and backward in micro-batches of at most this many padded tokens (count x "
+        "longest; gradients accumulate: the step is the same). 0 picks it from the model's shape so that a "
+        "micro-batch's activations take about 1 GiB (docs/sft.md)."
     )  # fmt: skip
     max_length: int = Field(512, ge=8, description="Conversations are truncated to this many tokens.")
     packing: bool = Field(

@@ -25,7 +25,7 @@ from thermik.tasks.registry import generate_rows
 from thermik.training.checkpoint import CheckpointManager
 from thermik.training.optim import build_optimizer
 from thermik.training.precision import autocast_dtype
-from thermik.training.sft import restore_sft_checkpoint, save_sft_checkpoint, sft_update
+from thermik.training.sft import auto_micro_batch_tokens, restore_sft_checkpoint, save_sft_checkpoint, sft_update
 
 
 class SFTMode(Mode):
@@ -38,6 +38,7 @@ class SFTMode(Mode):
         self.examples = encode_all(self.chat, rows, cfg.max_length, cfg.env.render_tools, cfg.train_roles)
         self.order = DataOrder(len(self.examples), cfg.seed)
         self.pack_tokens = (cfg.pack_length or cfg.max_length) if cfg.packing else 0
+        self.micro_batch_tokens = cfg.micro_batch_tokens or auto_micro_batch_tokens(self.model, cfg.max_length)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optimizer)
         self.autocast = autocast_dtype(cfg.model, self.model)
         self.checkpoints = CheckpointManager(cfg.run_dir / "checkpoints", keep=cfg.checkpoint.keep)
@@ -70,7 +71,7 @@ class SFTMode(Mode):
         opt = self.cfg.optimizer
         return sft_update(
             self.model, batch, pad, self.optimizer, self.scheduler, opt.max_grad_norm, self.autocast, self.pack_tokens,
-            self.cfg.micro_batch_tokens,
+            self.micro_batch_tokens,
         )  # fmt: skip
 
     def save(self, step: int) -> None:

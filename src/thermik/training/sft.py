@@ -62,6 +62,19 @@ def trained_tokens(examples: list[Example]) -> int:
     return sum(sum(m[1 : len(ids)]) for ids, m in examples)
 
 
+ACTIVATION_BUDGET_BYTES = 2**30  # what one micro-batch's forward and backward may hold, when nothing says otherwise
+
+
+def auto_micro_batch_tokens(model: torch.nn.Module, max_length: int) -> int:
+    """Tokens per micro-batch whose float32 activations take about ACTIVATION_BUDGET_BYTES: per token and layer the
+    saved inputs of norms, projections and the gated MLP (~12 hidden + 4 intermediate values) and a row of attention
+    probabilities (heads x max_length), plus ~3 vocabulary-sized values (logits, log-softmax, their gradient)."""
+    cfg = model.config
+    per_layer = 12 * cfg.hidden_size + 4 * cfg.intermediate_size + cfg.num_attention_heads * max_length
+    per_token = 4 * (cfg.num_hidden_layers * per_layer + 3 * cfg.vocab_size)
+    return max(1, ACTIVATION_BUDGET_BYTES // per_token)
+
+
 def micro_batches(examples: list[Example], max_tokens: int) -> list[list[Example]]:
     """Consecutive runs of `examples` whose padded size (count x longest) stays within `max_tokens` (one example at
     least each): the activations of a forward and backward grow with it, the gradient does not (docs/sft.md)."""
