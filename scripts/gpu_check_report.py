@@ -55,10 +55,18 @@ def calculator(work: Path, name: str) -> dict[str, Any]:
     if evals:
         out["before"] = {"step": evals[0]["step"], "success": evals[0]["eval/success"], "n": evals[0]["eval/n"]}
         out["after"] = {"step": evals[-1]["step"], "success": evals[-1]["eval/success"], "n": evals[-1]["eval/n"]}
+    if len(evals) > 1:
+        out["gain"], out["gain_se"] = gain(out["before"], out["after"])
     if steps:
         out["rl_steps"] = len(steps)
         out["rl_s_per_step"] = statistics.mean(r["time/step"] for r in steps)
     return out
+
+
+def gain(before: dict[str, float], after: dict[str, float]) -> tuple[float, float]:
+    """(after - before success, its standard error): two independent held-out samples of n problems each."""
+    variance = sum(e["success"] * (1 - e["success"]) / max(e["n"], 1) for e in (before, after))
+    return after["success"] - before["success"], variance**0.5
 
 
 def rl_run(work: Path, name: str) -> dict[str, Any]:
@@ -92,7 +100,8 @@ def fmt(value: Any, digits: int = 3) -> str:
 
 
 def calculator_table(rows: list[dict[str, Any]]) -> list[str]:
-    out = ["| precision | SFT steps | SFT held-out | before RL | after RL | RL steps | RL s/step |", "|---" * 7 + "|"]
+    out = ["| precision | SFT steps | SFT held-out | before RL | after RL | gain ± s.e. | RL steps | RL s/step |"]
+    out.append("|---" * 8 + "|")
     for r in rows:
         sft, before, after = r.get("sft", {}), r.get("before", {}), r.get("after", {})
         after_text = fmt(after.get("success"))
@@ -100,7 +109,8 @@ def calculator_table(rows: list[dict[str, Any]]) -> list[str]:
             after_text = "-"
         out.append(
             f"| {r['precision']} | {fmt(sft.get('steps'))} | {fmt(sft.get('success'))} | {fmt(before.get('success'))} "
-            f"| {after_text} (step {after.get('step', '-')}, n {fmt(after.get('n'), 0)}) | {fmt(r.get('rl_steps'))} "
+            f"| {after_text} (step {after.get('step', '-')}, n {fmt(after.get('n'), 0)}) "
+            f"| {fmt(r.get('gain'))} ± {fmt(r.get('gain_se'))} | {fmt(r.get('rl_steps'))} "
             f"| {fmt(r.get('rl_s_per_step'), 2)} |"
         )
     return out

@@ -61,3 +61,32 @@ def test_a_failing_stage_is_recorded_and_the_next_one_runs(tmp_path: Path) -> No
 def test_an_unknown_option_is_refused(tmp_path: Path) -> None:
     proc = gpu_check(tmp_path / "out", "--gpus", "2", timeout=60)
     assert proc.returncode == 2 and "unknown option --gpus" in proc.stderr
+
+
+def test_the_report_reads_the_held_out_table_and_flags_a_cut_stage(tmp_path: Path) -> None:
+    """The summary of a run whose RL was cut at step 80 of 120: before/after from the run's evaluations, the gain with
+    its standard error, the cut stage named with the end of its log."""
+    runs, logs = tmp_path / "runs" / "calc-rl-float32", tmp_path / "logs"
+    runs.mkdir(parents=True)
+    logs.mkdir()
+    (logs / "stages.tsv").write_text("stage\trc\tseconds\tlimit\ncalculator\t124\t240.0\t240\nenv\t0\t12.5\t60\n")
+    (logs / "calculator.log").write_text("thermik rl: step 80 of 120\n")
+    (tmp_path / "runs" / "calc-sft-float32").mkdir()
+    (tmp_path / "runs" / "calc-sft-float32" / "sft_result.json").write_text('{"steps": 1000, "success": 0.64}')
+    records = [{"step": 0, "eval/success": 0.5, "eval/n": 200.0}]
+    records += [{"step": s, "time/step": 0.5} for s in range(1, 81)]
+    records += [{"step": 80, "eval/success": 0.8, "eval/n": 200.0}]
+    (runs / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check_report.py"), str(tmp_path), str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [s["stage"] for s in results["stages"]] == ["env", "calculator"]
+    row = results["calculator"][0]
+    assert row["rl_steps"] == 80 and row["after"] == {"step": 80, "success": 0.8, "n": 200.0}
+    assert row["gain"] == pytest.approx(0.3) and row["gain_se"] == pytest.approx((0.25 / 200 + 0.16 / 200) ** 0.5)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| calculator | timed out (rc 124) |" in summary and "thermik rl: step 80 of 120" in summary
+    assert "| float32 | 1000 | 0.640 | 0.500 | 0.800 (step 80, n 200) | 0.300 ± 0.045 | 80 | 0.50 |" in summary
