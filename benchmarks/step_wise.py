@@ -84,7 +84,7 @@ async def measure(args: argparse.Namespace, out: Path) -> dict[str, dict[str, li
                 metrics = await rl_step(mode, step)
                 step += 1
                 row = results[name]
-                for key in ("time/step", "time/generate", "step_wise/samples_per_episode"):
+                for key in ("time/step", "time/generate", "time/train", "step_wise/samples_per_episode"):
                     row.setdefault(key, []).append(metrics[key])
                 row.setdefault("render", []).append(TimedHistory.seconds)
     finally:
@@ -98,15 +98,18 @@ def report(results: dict[str, dict[str, list[float]]]) -> None:
     def mean(name: str, key: str) -> float:
         return statistics.fmean(results[name][key][1:])  # each variant's first step warms up
 
-    print(f"{'':10s} {'s/step':>8s} {'generate':>9s} {'render+compare':>15s} {'samples/episode':>16s}")
+    print(f"{'':10s} {'s/step':>8s} {'generate':>9s} {'train':>8s} {'render+compare':>15s} {'samples/episode':>16s}")
     for name in results:
         print(
             f"{name:10s} {mean(name, 'time/step'):8.3f} {mean(name, 'time/generate'):9.3f} "
-            f"{mean(name, 'render'):15.4f} {mean(name, 'step_wise/samples_per_episode'):16.2f}"
+            f"{mean(name, 'time/train'):8.3f} {mean(name, 'render'):15.4f} "
+            f"{mean(name, 'step_wise/samples_per_episode'):16.2f}"
         )
     ratio = mean("step-wise", "time/step") / mean("baseline", "time/step")
+    generate = mean("step-wise", "time/generate") / mean("baseline", "time/generate")
     share = mean("step-wise", "render") / mean("step-wise", "time/step")
-    print(f"step-wise / baseline step time: {ratio:.3f}; rendering and comparing: {100 * share:.2f}% of a step")
+    print(f"step-wise / baseline: step time {ratio:.3f}, generation (the phase step-wise changes) {generate:.3f}")
+    print(f"rendering and comparing, measured inside the loop: {100 * share:.2f}% of a step-wise step")
 
 
 def main() -> None:
