@@ -131,3 +131,15 @@ def test_eval_and_rl_run_on_a_reasoning_gym_composite(tiny_model_dir: Path, tmp_
         "--env.reasoning_gym.weights", "{leg_counting = 1, basic_arithmetic = 1}",
         "--env.reasoning_gym.system_prompt", "", "--data.synthetic_train_size", "16",
     )  # fmt: skip
+
+
+def test_the_smollm2_example_configs_validate() -> None:
+    from thermik.config import load_config
+    from thermik.config.schema import EvalRunConfig, RunConfig, SFTConfig
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "smollm2_reasoning_gym"
+    rl = load_config(RunConfig, ["@", str(example / "common.toml"), "@", str(example / "rl.toml")])
+    assert rl.env.name == "reasoning_gym:basic_arithmetic" and rl.env.reasoning_gym.config["max_digits"] == 2
+    assert rl.trainer.steps == 12 and rl.eval.size == 100 and rl.eval.temperature == 1.0
+    assert load_config(EvalRunConfig, ["@", str(example / "common.toml")]).eval.size == 200
+    assert load_config(SFTConfig, ["@", str(example / "sft.toml")]).env.name == rl.env.name
