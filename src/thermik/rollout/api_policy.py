@@ -14,7 +14,7 @@ from typing import Any
 from thermik.config.schema import PolicyConfig, SamplingConfig
 from thermik.envs.base import Env, Message
 from thermik.rollout.agent_loop import EnvFactory, LoopLimits, PromptTooLongError
-from thermik.rollout.thinking import split_thinking
+from thermik.rollout.thinking import assistant_message, split_thinking
 from thermik.rollout.trajectory import Trajectory
 from thermik.tools.parsers import TOOL_CALL_FORMATTERS
 
@@ -96,7 +96,7 @@ class ApiPolicy:
             choice = (await self._complete(convo, env, seed)).choices[0]
             text, calls = _action_text(choice.message, self.tool_parser)
             traj.num_turns = turn + 1
-            traj.messages.append({"role": "assistant", "content": text})
+            traj.messages.append(assistant_message(choice.message.content or "") | {"content": text})
             convo.append(
                 {"role": "assistant", "content": choice.message.content or ""}
                 | ({"tool_calls": calls} if calls else {})

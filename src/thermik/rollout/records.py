@@ -10,6 +10,7 @@ from typing import Any
 
 from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.rollout.failures import classify
+from thermik.rollout.thinking import turn_text
 from thermik.rollout.trajectory import Trajectory
 
 
@@ -42,8 +43,7 @@ def trajectory_record(
     n_prompt = len(row["prompt"]) if "prompt" in row else _first_assistant(traj.messages)
     episode = traj.messages[n_prompt:]
     response_text = "".join(
-        str(m.get("content") or "") if m.get("role") == "assistant" else f"\n[{m.get('role')}] {m.get('content')}\n"
-        for m in episode
+        turn_text(m) if m.get("role") == "assistant" else f"\n[{m.get('role')}] {m.get('content')}\n" for m in episode
     )
     return {
         "input_prompt": traj.messages[:n_prompt],

@@ -34,6 +34,14 @@ def assistant_message(text: str) -> dict[str, Any]:
     return message
 
 
+def turn_text(message: dict[str, Any]) -> str:
+    """An assistant message as the model wrote it, for people reading records: its thinking (if any), then content."""
+    content = str(message.get("content") or "")
+    if "reasoning_content" not in message:
+        return content
+    return f"{THINK_OPEN}\n{message['reasoning_content']}\n{THINK_CLOSE}\n\n{content}"
+
+
 def think_token_ids(tokenizer: Any) -> tuple[int, int] | None:
     """The ids of `<think>` and `</think>` when the vocabulary has each as one token, else None."""
     ids = []
