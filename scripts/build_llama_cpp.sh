@@ -31,7 +31,11 @@ mkdir -p "$wheels"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 "${PYTHON:-python}" -m pip wheel --no-deps --no-binary llama-cpp-python "llama-cpp-python==$version" -w "$wheels"
 "${PYTHON:-python}" -m pip install --no-deps "${install[@]}" "$wheels"/llama_cpp_python-"$version"-*.whl
-"${PYTHON:-python}" -m pip install "${install[@]}" diskcache jinja2 numpy typing-extensions
+if [ "${#install[@]}" -eq 0 ]; then
+    "${PYTHON:-python}" -m pip install diskcache jinja2 numpy typing-extensions
+else  # numpy, jinja2 and typing-extensions come with thermik's environment: a second numpy there would shadow it
+    "${PYTHON:-python}" -m pip install --no-deps "${install[@]}" diskcache
+fi
 if [ "${#install[@]}" -eq 0 ]; then
     "${PYTHON:-python}" -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"
 fi
