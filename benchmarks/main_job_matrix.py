@@ -210,7 +210,7 @@ def main() -> None:
     parser.add_argument("--settings", default="", help=f"comma-separated, of {', '.join(SETTINGS)}; default by CPU")
     parser.add_argument("--runs", default="runs/main-job-matrix", help="where the runs and their logs go")
     parser.add_argument("--quick", action="store_true", help="run.sh --quick: the plumbing only, numbers mean nothing")
-    parser.add_argument("--collect", action="store_true", help="run nothing: print the table of the runs in --runs")
+    parser.add_argument("--collect", action="store_true", help="run nothing: the table of the finished runs in --runs")
     args = parser.parse_args()
     settings = (args.settings or default_settings()).split(",")
     unknown = [s for s in settings if s not in SETTINGS]
@@ -223,14 +223,15 @@ def main() -> None:
     for setting in settings:
         for seed in seeds:
             if args.collect:
-                results.append(read_result(setting, seed, runs))
+                if (runs / f"{setting}-s{seed}" / "calculator-rl" / "eval_after.json").is_file():
+                    results.append(read_result(setting, seed, runs))
                 continue
             results.append(run_one(setting, seed, runs, args.quick))
             r = results[-1]
             print(f"{setting} seed {seed}: {r.sft:.3f} -> {r.rl:.3f} in {_minutes(r.wall_s)}", file=sys.stderr)
             (runs / "results.json").write_text(json.dumps([asdict(x) for x in results], indent=1))
     print(f"\nCPU: {cpu_model()}; torch threads: {os.environ.get('OMP_NUM_THREADS') or 'all cores'}")
-    for setting in settings:
+    for setting in dict.fromkeys(r.setting for r in results):
         r = next(x for x in results if x.setting == setting)
         print(f"  {setting}: {r.cpu}; {r.precision}")
     print(f"Held-out calculator, 200 problems sampled at temperature 1 (✗: below {TARGET_SUCCESS} or gain < +0.20):\n")

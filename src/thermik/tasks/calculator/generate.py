@@ -17,8 +17,8 @@ CALCULATOR_SYSTEM = "Use the calculate tool, then give the answer."
 def calculator_problem(rng: random.Random) -> str:
     """An expression like `34*56-66`: without spaces, every character of the span the model copies into its tool
     call is a digit or an operator. With spaces, a character-level model's copying ("the character after the one I
-    just copied") met the same space four times in one expression: a tiny model learned it later and at a step that
-    varied with the seed and the float arithmetic (README, "Measured")."""
+    just copied") meets the same space four times in one expression, and a tiny model learns it later, at a step that
+    varies with the seed and the float arithmetic (examples/calculator/README.md)."""
     n_operands = rng.randint(2, 3)
     expression = str(rng.randint(0, 99))
     for _ in range(n_operands - 1):
