@@ -51,9 +51,9 @@ class Preset:
 _SIZE_1M = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 384}
 _SIZE_5M = {"hidden_size": 256, "num_layers": 6, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 768}
 _SIZE_20M = {"hidden_size": 512, "num_layers": 6, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1792}
-# Wide and shallow, for copy-heavy tasks (the calculator main job): two layers are what copying needs (a previous-token
-# head, then an induction head), and 8 full heads of 32 on a 256-wide stream learn it in fewer steps than the 1M shape
-# at about the same cost per step (docs/models.md, "Presets"). Weights at 1.13/sqrt(hidden), as 0.1 is at 128 wide.
+# Wide and shallow: two layers are what copying a span needs (a previous-token head, then an induction head); 8 full
+# heads of 32 on a 256-wide stream cost about as much per training step as the 1M shape (docs/models.md, "Presets").
+# Weights at 1.13/sqrt(hidden), as 0.1 is at 128 wide.
 _SIZE_WIDE = {"hidden_size": 256, "num_layers": 2, "num_heads": 8, "num_kv_heads": 8, "intermediate_size": 512}
 
 PRESETS: dict[str, Preset] = {
