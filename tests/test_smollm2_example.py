@@ -29,6 +29,7 @@ def test_smollm2_example_runs_in_float32_on_simulated_avx2(tmp_path: Path) -> No
     if not Path("/usr/bin/time").is_file():
         pytest.skip("needs GNU time (/usr/bin/time) to read the peak resident memory")
     shutil.copytree(ROOT / "examples" / "smollm2_word_problems", tmp_path / "examples" / "smollm2_word_problems")
+    shutil.copy(ROOT / "examples" / "stage.sh", tmp_path / "examples")
     env = {k: v for k, v in os.environ.items() if not k.startswith("THERMIK_")}
     env |= {"THERMIK_CPU_ISA": "avx2", "MODEL": str(model), "TOKENIZERS_PARALLELISM": "false"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # this interpreter's `thermik`

