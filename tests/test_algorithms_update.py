@@ -187,10 +187,11 @@ def test_nan_loss_skips_the_step_then_fails(tiny_policy, tmp_path, monkeypatch) 
 
 def test_degenerate_ratio_detected_through_the_update(tiny_policy) -> None:
     batch = _batch()
-    # lr 0 with two mini-batches: the second mini-batch's ratio is exactly 1 -> std 0 although lr "should" move it
+    # lr 0 with two mini-batches: the second mini-batch's ratio is 1 up to float rounding (the no-grad and the grad
+    # forward may sum in another order on some CPUs) -> std ~0 although lr "should" move it
     _, frozen = _grads_after_update(tiny_policy, batch, AlgorithmConfig(), micro=3, mini_batches=2, lr=0.0)
     _, moving = _grads_after_update(tiny_policy, batch, AlgorithmConfig(), micro=3, mini_batches=2, lr=0.05)
-    assert frozen["health/ratio_std_updated"] == 0.0 and moving["health/ratio_std_updated"] > 1e-4
+    assert frozen["health/ratio_std_updated"] < 1e-5 and moving["health/ratio_std_updated"] > 1e-4
     warn = DegenerateRatioDetector(patience=2)
     assert not warn.observe(frozen["health/ratio_std_updated"], lr=1e-3)
     with pytest.warns(RuntimeWarning, match="do not change the policy"):
