@@ -185,7 +185,11 @@ def test_auto_precision_follows_the_cpu_level(monkeypatch: pytest.MonkeyPatch, c
 def test_precision_names() -> None:
     cpu = torch.device("cpu")
     assert precision.resolve_precision("model", torch.float32, cpu)[0] == torch.float32
-    assert precision.resolve_precision("bfloat16", torch.float32, cpu)[0] == torch.bfloat16
+    if isa.capabilities().bf16_runs:
+        assert precision.resolve_precision("bfloat16", torch.float32, cpu)[0] == torch.bfloat16
+    else:  # asked for by name on a CPU that cannot run it: refused, naming the key (docs/cpus.md)
+        with pytest.raises(ValueError, match=r"inference\.precision = 'bfloat16' needs"):
+            precision.resolve_precision("bfloat16", torch.float32, cpu)
     with pytest.raises(ValueError, match="valid precisions: model, float32, bfloat16, bf16-weights, int8, auto"):
         precision.resolve_precision("fp8", torch.float32, cpu)
 
@@ -210,8 +214,10 @@ def test_engine_step_sections_tool_times_every_section(tiny_model_dir, capsys: p
     """benchmarks/engine_step_sections.py on the tiny preset: every section is timed, and the parts fit the step."""
     from tests.conftest import load_benchmark
 
+    dtype = "bfloat16" if isa.capabilities().bf16_runs else "float32"
+    argv = ["--model", str(tiny_model_dir), "--batch", "4", "--tokens", "6", "--prompt-tokens", "5", "--dtype", dtype]
     for tool in load_benchmark("engine_step_sections"):
-        per_step = tool.main(["--model", str(tiny_model_dir), "--batch", "4", "--tokens", "6", "--prompt-tokens", "5"])
+        per_step = tool.main(argv)
     assert set(per_step) == set(tool.SECTIONS) and per_step["decode step"] > 0
     assert per_step["forward"] > 0 and per_step["sample+record"] > 0  # (both also count the prefill's share)
     sampling = ("fused_sample", "sample", "process_logits", "token_logprobs")
