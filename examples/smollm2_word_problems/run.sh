@@ -4,7 +4,7 @@
 # zero-shot eval -> SFT warm-up -> GRPO -> held-out table (200 problems, temperature 1, with standard errors).
 # Starts fresh each time: the example's own run directories are replaced; the imported model is kept.
 #   bash examples/smollm2_word_problems/run.sh           # the full recipe
-#   bash examples/smollm2_word_problems/run.sh --quick   # every stage, shrunk: 8 held-out problems, 2 SFT steps,
+#   bash examples/smollm2_word_problems/run.sh --quick   # every stage, shrunk: 8 held-out problems, 2 SFT steps of 4,
 #                                                        # 3 GRPO steps of 4 prompts (a check that the path works)
 # MODEL=DIR uses an already imported model directory instead of runs/models/SmolLM2-135M-Instruct.
 set -euo pipefail
@@ -14,7 +14,7 @@ MODEL=${MODEL:-runs/models/SmolLM2-135M-Instruct}
 TIMES=runs/smollm2-stage-times.jsonl
 SYNTH=() EVAL=() SFT=() RL=()
 if [[ "${1:-}" == --quick ]]; then
-  SYNTH=(--n 300) EVAL=(--eval.size 8) SFT=(--max_steps 2)
+  SYNTH=(--n 300) EVAL=(--eval.size 8) SFT=(--max_steps 2 --batch_size 4)
   RL=(--trainer.steps 3 --trainer.prompts_per_step 4 --eval.size 8 --checkpoint.every 3)
 elif [[ $# -gt 0 ]]; then
   echo "usage: bash examples/smollm2_word_problems/run.sh [--quick]" >&2
