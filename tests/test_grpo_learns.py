@@ -32,7 +32,7 @@ def lowercase_run_config(tmp_path: Path, model_dir: Path, name: str, **trainer: 
 
 @pytest.mark.slow
 def test_grpo_raises_reward(tmp_path, tiny_model_dir) -> None:
-    cfg = lowercase_run_config(tmp_path, tiny_model_dir, "count-a")
+    cfg = lowercase_run_config(tmp_path, tiny_model_dir, "count-a", optimizer={"lr": 3e-3})  # > 0.95 on seeds 0-2
     register("lowercase", f"{__name__}:CountLetterEnv")
     try:
         result = run_rl(cfg)

@@ -255,7 +255,10 @@ def test_asynchronous_training_judges_its_groups_and_logs_every_request(tiny_mod
     assert all(r["reward/mean"] == pytest.approx(0.6) for r in records), "env_weight 0: the judge's score alone"
     judged = [r for r in records if "judge/score_mean" in r]  # a step logs the groups scored since the last one
     assert judged and all(r["judge/score_mean"] == pytest.approx(0.6) and r["judge/failures"] == 0 for r in judged)
-    assert sum(r["judge/requests"] for r in judged) == state["requests"]
+    trained = sum(r["judge/requests"] for r in judged)
+    assert trained == 2 * 2 * 2, "every trained episode's request is logged, once"
+    # the producer may have judged one more step's groups (max_off_policy_steps 1) before the run ended
+    assert state["requests"] in (trained, trained + 2 * 2)
 
 
 @pytest.mark.slow

@@ -25,7 +25,16 @@ from thermik.tinker.store import Store
 def test_config_surface_is_frozen() -> None:
     sections = {name: sorted(type(section).model_fields) for name, section in TinkerConfig().__dict__.items()}
     assert sections == {
-        "model": ["chat_template", "device", "dtype", "lm_head_precision", "path", "seed", "train_precision"],
+        "model": [
+            "chat_template",
+            "device",
+            "dtype",
+            "enable_thinking",
+            "lm_head_precision",
+            "path",
+            "seed",
+            "train_precision",
+        ],
         "server": ["access_log", "api_key", "base_model_name", "host", "port"],
         "service": ["max_lora_rank", "max_sampler_engines", "num_threads", "poll_s", "state_dir"],
     }
