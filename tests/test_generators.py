@@ -22,7 +22,7 @@ from thermik.data.split import split_of
 from thermik.tasks.registry import generate_rows, llm_generate_rows, solve
 from thermik.tools.parsers import format_hermes_tool_call
 
-NEW_ENVS = ("gsm8k", "math_feedback", "text2sql", "search", "code")
+NEW_ENVS = ("gsm8k", "math_feedback", "text2sql", "search", "code", "calculator_thinking")
 
 
 # ---------------------------------------------------------------- rule-based

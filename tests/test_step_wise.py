@@ -21,7 +21,7 @@ from thermik.models.loading import load_tokenizer
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits, run_episode
 from thermik.rollout.metrics import rollout_metrics
-from thermik.rollout.step_wise import PrefixBreakError, merge_samples
+from thermik.rollout.step_wise import PrefixBreakError, extends, merge_samples
 from thermik.rollout.trajectory import Trajectory
 from thermik.tasks.registry import generate_rows, make_env
 
@@ -151,6 +151,30 @@ def test_no_break_on_break_equals_off(kind: str) -> None:
     )
     assert on_break.loss_mask == off.loss_mask and on_break.reward == off.reward == 1.0
     assert engine.prompts[1] == (on_break.prompt_ids + on_break.response_ids)[: len(engine.prompts[1])]
+
+
+def test_the_thinking_calculator_solver_breaks_once_per_episode() -> None:
+    """`calculator_thinking`'s solver (examples/thinking_calculator): the template drops the tool-call turn's empty
+    thinking block from history, so the answer turn is a second sample whose prompt is that rendering; the samples'
+    masked tokens are the solver's turns as sampled, the reward reaches the answer's sample, and the thought
+    (not the answer) is the turn's reasoning."""
+    chat = thinking_chat(TINY)
+    row = generate_rows("calculator_thinking", 1, seed=3, split="eval")[0]
+    texts = solved_texts(row)
+    assert texts[0].startswith("<think>\n\n</think>\n\n<tool_call>") and "<think>\nthe tool says" in texts[1]
+    traj, engine = play(chat, row, texts, LoopLimits(3, 1024, 128, 2048, step_wise="on-break"))
+    assert traj.reward == 1.0 and traj.num_turns == 2 and len(traj.samples) == 2
+    head, answer = traj.samples
+    assert answer.prompt_ids == engine.prompts[1]
+    assert not extends(head.prompt_ids + head.response_ids, answer.prompt_ids)
+    history = chat.tokenizer.decode(answer.prompt_ids, skip_special_tokens=False)
+    assert "<think>" not in history and "<|im_start|>assistant\n<tool_call>" in history
+    masked = [i for s in traj.samples for i, m in zip(s.response_ids, s.loss_mask, strict=True) if m]
+    assert masked == sampled_ids(chat, texts) and sum(head.rewards) == 0.0 and answer.rewards[-1] == 1.0
+    assert traj.messages[-1]["reasoning_content"].startswith("the tool says")
+    assert rollout_metrics([traj])["step_wise/samples_per_episode"] == 2.0
+    with pytest.raises(PrefixBreakError):
+        play(chat, row, texts, LoopLimits(3, 1024, 128, 2048, step_wise="off"))
 
 
 # ---------------------------------------------------------------- context policies (rollout.context)

@@ -21,7 +21,13 @@ from thermik.data.llm_generate import LLMTask, generate_with_llm
 from thermik.data.split import Split, draw_problems
 from thermik.envs import registry as env_registry
 from thermik.envs.base import Env, Message
-from thermik.tasks.calculator.generate import calculator_problem, calculator_row, calculator_solve
+from thermik.tasks.calculator.generate import (
+    calculator_problem,
+    calculator_row,
+    calculator_solve,
+    calculator_solve_thinking,
+    calculator_thinking_row,
+)
 from thermik.tasks.code.generate import code_problem, code_row, code_solve
 from thermik.tasks.gsm8k.generate import math_problem, math_row, math_solve
 from thermik.tasks.gsm8k.llm import math_llm_task
@@ -55,6 +61,11 @@ class Task:
 TASKS: dict[str, Task] = {
     "calculator": Task(
         "thermik.tasks.calculator.env:CalculatorEnv", Generator(calculator_problem, calculator_row, calculator_solve)
+    ),
+    # The calculator solved as a Qwen3-style thinking model writes it (examples/thinking_calculator).
+    "calculator_thinking": Task(
+        "thermik.tasks.calculator.env:CalculatorEnv",
+        Generator(calculator_problem, calculator_thinking_row, calculator_solve_thinking),
     ),
     # Word problems answered through the calculator tool: the calculator env reads their rows as they are.
     "word_problems": Task(

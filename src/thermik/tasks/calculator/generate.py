@@ -12,6 +12,7 @@ from thermik.tools.parsers import format_hermes_tool_call
 # No output tags in system prompts: an induction head would copy the placeholder after the tag (N, ...)
 # instead of the tool result.
 CALCULATOR_SYSTEM = "Use the calculate tool, then give the answer."
+THINK_EMPTY = "<think>\n\n</think>\n\n"
 
 
 def calculator_problem(rng: random.Random) -> str:
@@ -26,10 +27,10 @@ def calculator_problem(rng: random.Random) -> str:
     return expression
 
 
-def calculator_row(expression: str) -> dict[str, Any]:
+def calculator_row(expression: str, env_class: str = "calculator") -> dict[str, Any]:
     return {
         "data_source": "synthetic/calculator",
-        "env_class": "calculator",
+        "env_class": env_class,
         "prompt": [
             {"role": "system", "content": CALCULATOR_SYSTEM},
             {"role": "user", "content": f"What is {expression}?"},
@@ -47,4 +48,23 @@ def calculator_solve(row: dict[str, Any]) -> list[Message]:
         {"role": "assistant", "content": format_hermes_tool_call("calculate", {"expression": expression})},
         {"role": "tool", "name": "calculate", "content": result},
         {"role": "assistant", "content": f"<answer>{result}</answer>"},
+    ]
+
+
+def calculator_thinking_row(expression: str) -> dict[str, Any]:
+    return calculator_row(expression, env_class="calculator_thinking")
+
+
+def calculator_solve_thinking(row: dict[str, Any]) -> list[Message]:
+    """The solver's conversation as a Qwen3-style thinking model writes it: the tool call after an empty thinking
+    block (nothing to think about yet), the answer after a one-line thought. A Qwen3-style template drops the empty
+    block from history, so the prompt after the tool result does not extend the sampled tokens: with
+    rollout.step_wise 'on-break' every episode that calls the tool trains as two samples (docs/algorithms.md)."""
+    call, tool, answer = calculator_solve(row)[-3:]
+    result = tool["content"]
+    return [
+        *row["prompt"],
+        {"role": "assistant", "content": f"{THINK_EMPTY}{call['content']}"},
+        tool,
+        {"role": "assistant", "content": f"<think>\nthe tool says {result}\n</think>\n\n{answer['content']}"},
     ]
