@@ -5,7 +5,8 @@ through the MCP calculator, full fine-tune) for --steps steps in each precision:
 
 - float32: the engine's weights and KV cache in float32 (`inference.precision = "float32"`) and the trainer in
   float32 (`model.train_precision = "float32"`), on this checkout's code;
-- bf16: the engine in bfloat16 and the trainer in bf16-mixed (float32 master weights), the example's setting.
+- bf16: the engine in bfloat16 and the trainer in bf16-mixed (float32 master weights), the example's setting; left
+  out on a CPU whose bfloat16 ops do not run (`THERMIK_CPU_ISA=avx2` simulates one), where ratios are to float32.
 
 `--before REV` adds a third run first: the float32 step as thermik's code at git revision REV ran it (its source is
 exported from git into a temporary directory and run with the same config, flags, data and checkpoint). The
@@ -17,7 +18,8 @@ conservative baseline.
 
 The runs alternate --rounds times (so background load hits them alike), each in a process of its own (no run
 inherits another's heap). Each run starts from the same checkpoint and seed. Prints the mean step time after the
-first step of each run, split into generation and training, and the ratios to bf16.
+first step of each run, split into generation and training, and the ratios to the last setting run (bf16, or float32
+where bf16 is left out).
 
     bash examples/smollm2_word_problems/run.sh          # once: builds runs/smollm2-sft/model
     python benchmarks/rl_step_precision.py --steps 10 --rounds 1 --before eeb00c9 [-- --trainer.group_size=4 ...]
@@ -41,6 +43,15 @@ SETTINGS = {
     "float32": ["--inference.precision=float32", "--model.train_precision=float32"],
     "bf16": ["--inference.precision=bfloat16", "--model.train_precision=bf16-mixed"],
 }
+
+
+def settings() -> list[str]:
+    """The settings this CPU runs: bf16 needs bfloat16 ops (thermik.cpu.isa; the config refuses it elsewhere)."""
+    from thermik.cpu.isa import capabilities
+
+    return [name for name in SETTINGS if name != "bf16" or capabilities().bf16_runs]
+
+
 KEYS = ("time/step", "time/generate", "time/train")
 # Each run is a process of its own (no run inherits another's heap), with its revision's thermik first on sys.path.
 RUN = "import sys; from thermik.config.loader import load_config; from thermik.config.schema import RunConfig; "
@@ -93,7 +104,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="more config flags for every run, e.g. --trainer.group_size=4")
     args = parser.parse_args()
     args.model, args.data = (str(Path(p).resolve()) for p in (args.model, args.data))
-    names = ([f"float32@{args.before}"] if args.before else []) + list(SETTINGS)
+    names = ([f"float32@{args.before}"] if args.before else []) + settings()
     results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
         old_tree = export_revision(args.before, Path(tmp)) if args.before else None
@@ -106,9 +117,10 @@ def main() -> None:
     means = {name: {k: statistics.mean(r[k] for r in rs) for k in KEYS} for name, rs in results.items()}
     for name, m in means.items():
         print(f"  {name:<18}" + "".join(f"{m[k]:>15.2f}s" for k in KEYS))
+    reference = names[-1]
     for name in names[:-1]:
-        ratios = "".join(f"{means[name][k] / means['bf16'][k]:>15.2f}x" for k in KEYS)
-        print(f"  {name + ' / bf16':<18}{ratios}")
+        ratios = "".join(f"{means[name][k] / means[reference][k]:>15.2f}x" for k in KEYS)
+        print(f"  {name + ' / ' + reference:<18}{ratios}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env
+from tests.conftest import cli_env, needs_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["env", "tests", "calculator", "mfu", "generate", "rl_sync"]
@@ -24,6 +24,7 @@ def gpu_check(out: Path, *args: str, timeout: float) -> subprocess.CompletedProc
 
 
 @pytest.mark.slow
+@needs_bf16  # the check runs each stage in float32 and in bf16
 def test_gpu_check_runs_every_stage_on_the_cpu(tmp_path: Path) -> None:
     proc = gpu_check(tmp_path / "out", "--device", "cpu", "--quick", "--budget", "3000", timeout=3600)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]

@@ -37,7 +37,8 @@ def test_every_stage_runs_and_writes_its_files(bench, tmp_path: Path) -> None:
     # What the benchmark read back from those files and from run.sh's stage lines.
     assert set(result.stages) == {"init", "synthesize", "sft", "rl"} and all(s > 0 for s in result.stages.values())
     assert result.sft_steps == 6 and 0 <= result.sft <= 1 and 0 <= result.rl <= 1
-    assert result.wall_s >= sum(result.stages.values()) and result.peak_rss_gb > 0.1
+    assert result.wall_s >= sum(result.stages.values()) - 0.05 * len(result.stages)  # stage times print to 0.1 s
+    assert result.peak_rss_gb > 0.1
     assert "trainer: float32" in result.precision and "engine: float32" in result.precision
     table = bench.table([result])
     assert "| float32 | 1 | 6 |" in table and "float32, mean [range]" in table
