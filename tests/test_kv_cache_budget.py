@@ -317,3 +317,17 @@ def test_many_parked_sessions_keep_resident_memory_within_the_budget() -> None:
     assert bounded["peak"] - bounded["first"] < 64 * mib, bounded  # flat: parked sessions give way
     assert bounded["peak"] < budget + 300 * mib, bounded  # budget + model (~5 MB) + one wave's prefill activations
     assert unbounded["peak"] - unbounded["first"] > 350 * mib, unbounded  # the workload does outgrow it
+
+
+def test_a_weight_update_gives_the_idle_cache_back_and_the_next_rollout_regrows_it(qwen: PreTrainedModel) -> None:
+    """Synchronous RL: the cache of a step's rollouts is freed at the weight update (the trainer's memory peak does not
+    add to it), and the next rollout on the same engine samples what it sampled before the (identical) update."""
+    engine = make_engine(qwen, kv_cache_gb=math.inf)
+    params = [SamplingParams(max_tokens=24, temperature=1.0, seed=k) for k in range(len(PROMPTS))]
+    first = engine.generate_batch(PROMPTS, params)
+    grown = engine._cache.nbytes
+    assert engine.update_weights_sync({k: v.clone() for k, v in qwen.state_dict().items()}) == 1
+    assert engine._slots == [] and engine._cache.nbytes < grown / 2
+    again = engine.generate_batch(PROMPTS, params)
+    assert [g.token_ids for g in again] == [g.token_ids for g in first]
+    assert all(g.weight_version == 1 for g in again)

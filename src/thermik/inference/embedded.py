@@ -57,6 +57,7 @@ from thermik.models.architecture import unsupported_reason
 
 Detokenize = Callable[[list[int]], str]
 MIN_SHARED_PREFIX = 16  # tokens: a shorter prefix shared by admitted prompts is not worth a forward of its own
+INITIAL_CACHE_LEN = 128  # positions per slot of a new (or emptied) KV cache; it grows by doubling
 _LIVE_ENGINES: weakref.WeakSet[EmbeddedEngine] = weakref.WeakSet()
 
 
@@ -155,7 +156,7 @@ class EmbeddedEngine:
             budget = default_budget_bytes(self.device)
         else:
             budget = None if math.isinf(kv_cache_gb) else int(kv_cache_gb * 2**30)
-        self._cache = self.native.new_cache(num_slots=8, max_len=128, budget_bytes=budget)
+        self._cache = self.native.new_cache(num_slots=8, max_len=INITIAL_CACHE_LEN, budget_bytes=budget)
         self._slots: list[_Slot] = []
         self._tick = 0
         self._model_lock = threading.Lock()  # held for each scheduler iteration and each weight update
@@ -244,11 +245,18 @@ class EmbeddedEngine:
         with self._model_lock:
             copy_state(params, state)
             self.native.refresh()
-            for slot in self._slots:  # cached prefixes of finished requests were computed by the old weights
-                if slot.request is None:
-                    slot.tokens = []
+            self._drop_idle_slots()
             self._version += 1
             return self._version
+
+    def _drop_idle_slots(self) -> None:
+        """Cached prefixes of finished requests and parked sessions were computed by the old weights: drop their
+        slots and shrink the cache to the running requests' slots. In a synchronous run no request runs at a
+        weight update, so the cache's memory goes back to the process while the trainer runs, and the peak is the
+        larger of generation's and training's, not their sum; the next admission regrows it in one step."""
+        running = self._running()
+        self._cache.resize(running, max(len(running), 1), self._cache.max_len if running else INITIAL_CACHE_LEN)
+        self._slots = [self._slots[i] for i in running]
 
     async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[tuple[float, int]]:
         """(logprob, rank) of each token after the first given the tokens before it, at temperature 1 (rank 1 is the
