@@ -40,13 +40,14 @@ def test_quick_run_thinks_trains_step_wise_and_reports(tmp_path: Path) -> None:
     config = (rl / "config.toml").read_text()
     assert 'step_wise = "on-break"' in config and 'name = "calculator_thinking"' in config
     assert 'precision = "float32"' in config and config.count("seed = 1") >= 2
-    stages = [line.split()[2] for line in proc.stdout.splitlines() if line.startswith("run.sh: stage ")]
-    assert stages == ["init", "synthesize", "sft", "rl"]
+    times = [json.loads(line) for line in (tmp_path / "thinking-calculator-times.jsonl").read_text().splitlines()]
+    assert [t["stage"] for t in times] == ["init", "synthesize", "sft", "rl"]
     # The report's last line: what it read from eval_before.json, eval_after.json and metrics.jsonl.
     report = json.loads(proc.stdout.strip().splitlines()[-1])["thinking_calculator"]
     assert report["problems"] == 8 and report["steps"] == 2 and 0 <= report["sft"] <= 1 and 0 <= report["grpo"] <= 1
     assert report["step_wise/samples_per_episode"] >= 1.0
     assert report["gain"] == pytest.approx(report["grpo"] - report["sft"])
+    assert [k for k in report if k.startswith("stage/")] == [f"stage/{t['stage']}" for t in times]
 
 
 def test_run_sh_refuses_bad_options() -> None:

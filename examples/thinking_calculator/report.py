@@ -3,9 +3,11 @@
 Held-out success ± standard error of the SFT checkpoint (eval_before.json) and of the policy after GRPO
 (eval_after.json); from the RL run's metrics.jsonl the mean over steps of step_wise/samples_per_episode (above 1:
 episodes that broke the token prefix and trained as several samples) and thinking/tokens_per_turn, and the training
-reward of the first and last steps, the mean step time.
+reward of the first and last steps, the median step time; with --times (run.sh's jsonl of {stage, seconds}) the wall
+time of each stage.
 
-    python examples/thinking_calculator/report.py runs/thinking-calculator-rl
+    python examples/thinking_calculator/report.py runs/thinking-calculator-rl \
+        --times runs/thinking-calculator-times.jsonl
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from statistics import fmean
+from statistics import fmean, median
 
 from thermik.rollout.evaluation import EvalResult
 
-STEP_METRICS = ("step_wise/samples_per_episode", "thinking/tokens_per_turn", "time/step")
+STEP_METRICS = ("step_wise/samples_per_episode", "thinking/tokens_per_turn")
 
 
 def read_eval(path: Path) -> EvalResult:
@@ -39,6 +41,7 @@ def report(run: Path) -> dict[str, float]:
     }
     for key in STEP_METRICS:
         out[key] = fmean(s.get(key, 0.0) for s in steps) if steps else 0.0
+    out["time/step"] = median(s["time/step"] for s in steps) if steps else 0.0
     out["reward_first"], out["reward_last"] = (steps[0]["reward/mean"], steps[-1]["reward/mean"]) if steps else (0, 0)
     return out
 
@@ -46,13 +49,20 @@ def report(run: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="run directory of `thermik rl`")
-    r = report(parser.parse_args().run)
+    parser.add_argument("--times", type=Path, help="jsonl of {stage, seconds} written by run.sh")
+    args = parser.parse_args()
+    r = report(args.run)
+    if args.times is not None:
+        for line in args.times.read_text().splitlines():
+            stage = json.loads(line)
+            r[f"stage/{stage['stage']}"] = float(stage["seconds"])
+        print("stages: " + ", ".join(f"{k.removeprefix('stage/')} {v:.0f} s" for k, v in r.items() if "stage/" in k))
     print(f"held-out calculator_thinking, {r['problems']:.0f} problems sampled at temperature 1")
     print(f"  SFT checkpoint: {r['sft']:.3f} ± {r['sft_se']:.3f}")
     print(f"  after GRPO:     {r['grpo']:.3f} ± {r['grpo_se']:.3f}  (gain {r['gain']:+.3f})")
     print(
         f"GRPO, {r['steps']:.0f} steps: step_wise/samples_per_episode {r[STEP_METRICS[0]]:.2f}, "
-        f"thinking/tokens_per_turn {r[STEP_METRICS[1]]:.2f}, {r['time/step']:.2f} s/step, "
+        f"thinking/tokens_per_turn {r[STEP_METRICS[1]]:.2f}, {r['time/step']:.2f} s/step (median), "
         f"training reward {r['reward_first']:.3f} -> {r['reward_last']:.3f}"
     )
     print(json.dumps({"thinking_calculator": r}))
