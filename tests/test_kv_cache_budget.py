@@ -331,3 +331,15 @@ def test_a_weight_update_gives_the_idle_cache_back_and_the_next_rollout_regrows_
     again = engine.generate_batch(PROMPTS, params)
     assert [g.token_ids for g in again] == [g.token_ids for g in first]
     assert all(g.weight_version == 1 for g in again)
+
+
+def test_released_idle_cache_is_regrown_by_the_next_requests(qwen: PreTrainedModel) -> None:
+    """`release_idle_cache` (a synchronous step's sampling is over) frees the cache without touching the weights."""
+    engine = make_engine(qwen, kv_cache_gb=math.inf)
+    params = [SamplingParams(max_tokens=24, temperature=1.0, seed=k) for k in range(len(PROMPTS))]
+    first = engine.generate_batch(PROMPTS, params)
+    grown = engine._cache.nbytes
+    engine.release_idle_cache()
+    assert engine._slots == [] and engine._cache.nbytes < grown / 2 and engine.weight_version == 0
+    again = engine.generate_batch(PROMPTS, params)
+    assert [g.token_ids for g in again] == [g.token_ids for g in first]

@@ -245,15 +245,19 @@ class EmbeddedEngine:
         with self._model_lock:
             copy_state(params, state)
             self.native.refresh()
-            self._drop_idle_slots()
+            self._drop_idle_slots()  # cached prefixes of finished requests were computed by the old weights
             self._version += 1
             return self._version
 
+    def release_idle_cache(self) -> None:
+        """Drop the idle slots (finished requests' prefixes, parked sessions) and shrink the KV cache to the running
+        requests' slots, giving its memory back to the process. A synchronous run calls it when a step's sampling
+        ends (runs/step.py): the next weight update would drop those prefixes anyway, and the trainer's memory peak
+        then does not add to the cache's. The next admission regrows the cache in one reallocation."""
+        with self._model_lock:
+            self._drop_idle_slots()
+
     def _drop_idle_slots(self) -> None:
-        """Cached prefixes of finished requests and parked sessions were computed by the old weights: drop their
-        slots and shrink the cache to the running requests' slots. In a synchronous run no request runs at a
-        weight update, so the cache's memory goes back to the process while the trainer runs, and the peak is the
-        larger of generation's and training's, not their sum; the next admission regrows it in one step."""
         running = self._running()
         self._cache.resize(running, max(len(running), 1), self._cache.max_len if running else INITIAL_CACHE_LEN)
         self._slots = [self._slots[i] for i in running]
