@@ -111,7 +111,7 @@ def test_generate_rows_is_deterministic_valid_and_distinct(env):
 
 @pytest.mark.parametrize("env", sorted(GENERATORS))
 def test_train_and_eval_splits_are_disjoint_across_seeds(env):
-    key = {"calculator": "expression", "reverse_text": "text"}.get(env, "problem")
+    key = {"calculator": "expression", "calculator_thinking": "expression", "reverse_text": "text"}.get(env, "problem")
     train = {row["extra_info"][key] for seed in (0, 1) for row in generate_rows(env, 150, seed, split="train")}
     held_out = {row["extra_info"][key] for seed in (0, 1) for row in generate_rows(env, 20, seed, split="eval")}
     assert train.isdisjoint(held_out)

@@ -64,7 +64,8 @@ def test_make_mcp_env_without_pool_is_an_error():
 def test_make_unknown_name_lists_valid_names():
     with pytest.raises(
         ValueError,
-        match=r"unknown environment .nope.*calculator, code, gsm8k, math_feedback, mcp, reverse_text, search, text2sql",
+        match=r"unknown environment .nope.*calculator, calculator_thinking, code, gsm8k, math_feedback, mcp, "
+        r"reverse_text, search, text2sql",
     ):
         make("nope", reward_spec={})
 
