@@ -131,7 +131,7 @@ def test_vocab_logprobs_on_cuda_equal_the_cpu(dtype: torch.dtype) -> None:
     targets = torch.randint(0, 50_000, (2, 299), generator=torch.Generator().manual_seed(2))
     results = []
     for device in ("cpu", "cuda"):
-        x = logits.to(device).requires_grad_()
+        x = logits.to(device).detach().clone().requires_grad_()  # a fresh leaf on each device
         logp, entropy = vocab_logprobs(x, targets.to(device), 0.9)
         (logp.sum() + 0.1 * entropy.sum()).backward()
         results.append(tuple(t.float().cpu() for t in (logp, entropy, x.grad)))
