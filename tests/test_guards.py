@@ -11,6 +11,7 @@ import torch
 from conftest import short_rl_config
 
 from thermik.assembly.guards import ConsistencyError, checksum, weight_mismatches
+from thermik.cpu.isa import capabilities
 from thermik.monitor.metrics import read_metrics
 from thermik.runs.local import LocalMode, setup
 from thermik.runs.loop import rl_plan, run_loop
@@ -18,11 +19,11 @@ from thermik.runs.loop import rl_plan, run_loop
 TENSOR = "model.layers.0.mlp.down_proj.weight"
 
 
-def _run(tmp_path, model_dir, tamper: Callable | None = None, **guards) -> dict:
+def _run(tmp_path, model_dir, tamper: Callable | None = None, inference: dict | None = None, **guards) -> dict:
     cfg = short_rl_config(
         tmp_path, model_dir, "guards", "reverse_text", train_rows=16, eval_rows=2,
         trainer={"steps": 3, "prompts_per_step": 2, "group_size": 2}, algorithm={"entropy_coef": 0.01},
-        eval={"before": False, "size": 2}, guards=guards,
+        eval={"before": False, "size": 2}, guards=guards, inference=inference or {},
     )  # fmt: skip
 
     async def go() -> dict:
@@ -135,5 +136,16 @@ def test_a_corrupted_engine_tensor_stops_the_run_at_the_checksum_guard(tmp_path,
 
 
 def test_without_the_checksum_the_parity_probe_catches_the_corruption(tmp_path, tiny_model_dir):
-    with pytest.raises(ConsistencyError, match=r"logprob parity probe guard .*after step 1"):
+    with pytest.raises(ConsistencyError, match=r"logprob parity probe guard .*after step 1.*not running the trainer's"):
         _run(tmp_path, tiny_model_dir, _corrupt("model.norm.weight"), weight_checksum=False, parity_every=1)
+
+
+@pytest.mark.skipif(not capabilities().bf16_runs, reason="a bfloat16 engine needs a CPU whose bfloat16 ops run")
+def test_a_parity_gap_after_a_passed_checksum_is_named_numerical(tmp_path, tiny_model_dir):
+    """A bfloat16 engine holds the float32 trainer's weights rounded (the checksum compares in the engine's dtype and
+    passes); its logprobs differ from the trainer's by bfloat16 arithmetic. Over the limit, the message says that and
+    what to change, not that the engine runs other weights."""
+    numerical = r"checksum guard passed.*numerical: the engine's precision \(bfloat16\).*guards\.parity_max_abs_diff"
+    with pytest.raises(ConsistencyError, match=r"parity probe guard .*" + numerical + r".*inference\.precision") as err:
+        _run(tmp_path, tiny_model_dir, parity_every=1, parity_max_abs_diff=1e-6, inference={"precision": "bfloat16"})
+    assert "not running the trainer's weights" not in str(err.value)

@@ -116,6 +116,25 @@ async def parity_gap(engine: InferenceEngine, score: Scorer, probe: list[int], t
     return float((trainer - torch.tensor(gen.logprobs, dtype=torch.float64)).abs().max())
 
 
+def _parity_cause(engine: InferenceEngine, weights_checked: bool) -> str:
+    """What a parity gap over the limit means: with the weight checksum passed, numerics (the engine's precision
+    against the trainer's scoring), else possibly weights the engine does not hold."""
+    held = engine_state(engine)
+    dtype = next(iter(held.values())).dtype if held else None
+    computes = f" ({str(dtype).removeprefix('torch.')})" if dtype is not None else ""
+    if weights_checked:
+        return (
+            "the weight checksum guard passed, so the engine holds the trainer's weights and the gap is numerical: "
+            f"the engine's precision{computes} against the trainer's scoring of the probe in its weights' dtype (a "
+            "bfloat16 engine's gap to float32 on a trained model's tokens reaches 0.2-2, docs/reliability.md); raise "
+            "guards.parity_max_abs_diff, or run the engine in float32 (inference.precision)"
+        )
+    return (
+        f"the engine is not running the trainer's weights, or its precision{computes} differs from the trainer's "
+        "(the weight checksum guard did not check the weights: guards.weight_checksum)"
+    )
+
+
 class ConsistencyGuards:
     """The guards a weight sync runs; built once per run from `GuardsConfig`."""
 
@@ -134,9 +153,10 @@ class ConsistencyGuards:
         """Run the guards due after the sync that ended `step` (0-based); raise ConsistencyError on a mismatch.
         score None: no trainer beside the engine (the split orchestrator), so no parity probe (warned once)."""
         metrics: dict[str, Any] = {}
+        checked = False  # the weight checksum guard ran and passed (it raises on a mismatch)
         if self.cfg.weight_checksum:
             t0 = time.perf_counter()
-            self._check_weights(engine, await weights())
+            checked = self._check_weights(engine, await weights())
             metrics["guards/weight_checksum_s"] = time.perf_counter() - t0
         if self.cfg.parity_every and score is None:
             self._warn_once("parity", "guards.parity_every: no trainer model beside this engine; the probe is not run")
@@ -148,7 +168,7 @@ class ConsistencyGuards:
                 raise ConsistencyError(
                     f"logprob parity probe guard (guards.parity_every): after step {step + 1} the engine and the "
                     f"trainer give the probe's tokens logprobs {gap:.4g} apart (limit guards.parity_max_abs_diff = "
-                    f"{self.cfg.parity_max_abs_diff:g}): the engine is not running the trainer's weights"
+                    f"{self.cfg.parity_max_abs_diff:g}): {_parity_cause(engine, checked)}"
                 )
         return metrics
 
@@ -157,12 +177,13 @@ class ConsistencyGuards:
             warnings.warn(message, RuntimeWarning, stacklevel=4)
             self._warned.add(key)
 
-    def _check_weights(self, engine: InferenceEngine, found: tuple[list[str], int] | None) -> None:
+    def _check_weights(self, engine: InferenceEngine, found: tuple[list[str], int] | None) -> bool:
+        """Raise on a mismatch; True where the weights were checked (and match), False where they cannot be read."""
         if found is None:
             self._warn_once(
                 "weights", f"guards.weight_checksum: {type(engine).__name__}'s weights cannot be read; not checked"
             )
-            return
+            return False
         bad, sent = found
         if bad:
             raise ConsistencyError(
@@ -170,3 +191,4 @@ class ConsistencyGuards:
                 f"the engine holds {len(bad)} of {sent} tensors unlike the trainer sent them, first "
                 f"{', '.join(bad[:3])}: a stale or corrupted engine weight"
             )
+        return True
