@@ -215,7 +215,8 @@ def test_engine_step_sections_tool_times_every_section(tiny_model_dir, capsys: p
     from tests.conftest import load_benchmark
 
     dtype = "bfloat16" if isa.capabilities().bf16_runs else "float32"
-    argv = ["--model", str(tiny_model_dir), "--batch", "4", "--tokens", "6", "--prompt-tokens", "5", "--dtype", dtype]
+    argv = ["--model", str(tiny_model_dir), "--batch", "4", "--tokens", "6", "--prompt-tokens", "5"]
+    argv += ["--precision", dtype]
     for tool in load_benchmark("engine_step_sections"):
         per_step = tool.main(argv)
     assert set(per_step) == set(tool.SECTIONS) and per_step["decode step"] > 0

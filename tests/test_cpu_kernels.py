@@ -88,6 +88,23 @@ def test_a_missing_compiler_warns_and_falls_back(monkeypatch: pytest.MonkeyPatch
         assert cpu_kernels.load.__wrapped__() is None
 
 
+@needs_kernels
+@pytest.mark.parametrize(("dim", "group"), [(12, 3), (64, 3), (64, 5), (64, 8), (128, 1), (128, 4), (40, 2)])
+def test_float32_decode_attention_matches_pytorch_on_ragged_lengths(dim: int, group: int) -> None:
+    """float32 queries over float32 caches: the AVX2 paths (head sizes that are multiples of 8, groups up to 8,
+    keys in blocks of 8 plus a remainder) and the plain loops agree with PyTorch's softmax attention."""
+    batch, kv_heads, max_len = 6, 2, 45
+    gen = torch.Generator().manual_seed(dim * 10 + group)
+    keys, values = (torch.randn(9, kv_heads, max_len, dim, generator=gen) for _ in range(2))
+    q = torch.randn(batch, kv_heads * group, dim, generator=gen) * dim**-0.5
+    slots, lengths = torch.tensor([3, 0, 7, 1, 5, 8]), torch.tensor([45, 1, 17, 8, 9, 31])
+    out = kernels.decode_attention(q, (keys, values), slots, lengths)
+    for b in range(batch):
+        k, v = keys[slots[b], :, : lengths[b]], values[slots[b], :, : lengths[b]]
+        ref = ((q[b].view(kv_heads, group, dim) @ k.transpose(1, 2)).softmax(-1) @ v).reshape(kv_heads * group, dim)
+        torch.testing.assert_close(out[b], ref, atol=1e-5, rtol=1e-5)
+
+
 def _attention_inputs(batch: int = 16) -> tuple:
     g = torch.Generator().manual_seed(0)
     keys, values = (torch.randn(batch + 2, 2, 40, 64, generator=g).to(torch.bfloat16) for _ in range(2))

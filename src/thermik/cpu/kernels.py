@@ -103,8 +103,12 @@ class DecodeKernels:
             rope.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, _F, _P, _P, _I, _P, _F]
             rms.restype = rope.restype = None
             self._rms_norm[dtype], self._rope_store[dtype] = rms, rope
-        lib.thermik_decode_attention_bf16.argtypes = [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P, _I]
-        lib.thermik_decode_attention_bf16.restype = None
+        self._attention: dict[torch.dtype, ctypes._CFuncPtr] = {}
+        for dtype, suffix in zip(DTYPES, ("", "_bf16"), strict=True):
+            attention = getattr(lib, f"thermik_decode_attention{suffix}")
+            attention.argtypes = [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P, _I]
+            attention.restype = None
+            self._attention[dtype] = attention
         self._lib = lib
 
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -151,8 +155,8 @@ class DecodeKernels:
         return q
 
     def decode_attention(self, q: Tensor, cache: tuple[Tensor, Tensor], slots: Tensor, lengths: Tensor) -> Tensor:
-        """bfloat16 attention of one decode step: queries q [B, H, D] over the first lengths[b] positions of cache
-        slot slots[b] (caches [slots, KV, max_len, D]), scores and softmax in float32; returns [B, H, D]."""
+        """Attention of one decode step: queries q [B, H, D] over the first lengths[b] positions of cache slot
+        slots[b] (caches [slots, KV, max_len, D], q's dtype), scores, softmax and sums in float32; returns [B, H, D]."""
         keys, values = cache
         batch, heads, dim = q.shape
         kv_heads, max_len = keys.shape[1], keys.shape[2]
@@ -160,7 +164,7 @@ class DecodeKernels:
         threads = _threads(batch)
         scratch = torch.empty(threads, group * (max_len + dim), dtype=torch.float32)
         out = torch.empty_like(q)
-        self._lib.thermik_decode_attention_bf16(
+        self._attention[q.dtype](
             q.data_ptr(), keys.data_ptr(), values.data_ptr(), slots.data_ptr(), lengths.data_ptr(), batch, kv_heads,
             group, dim, max_len, scratch.data_ptr(), out.data_ptr(), threads,
         )  # fmt: skip

@@ -5,21 +5,19 @@ objects, module hooks). This module runs the same arithmetic with a handful of f
 reading the weights of the HF model itself: the q/k/v and gate/up parameters are re-pointed to views of fused
 tensors, so a weight update copied into the model is seen here at once, with no re-fusing. Attention reads a
 `SlotKVCache`: row r of the batch is cache slot `slots[r]`; its query tokens sit at positions `starts[r] + t`.
-On a float32 or bfloat16 CPU model a decode step (one token per row) runs the elementwise work of each layer in
-the fused C kernels of `cpu/kernels.py` (3 calls instead of ~15 ops); the matrix products stay in PyTorch either way.
+On a float32 or bfloat16 CPU model a decode step (one token per row) runs the elementwise work and the attention of
+each layer in the fused C kernels of `cpu/kernels.py` (4 calls instead of ~15 ops); the matrix products run on
+PyTorch or on `cpu/gemm.py`'s packed weights.
 In bfloat16 a prefill takes the same kernels: its rows' real tokens are flattened into one list of (token, slot,
 position), each attending to its slot's positions up to its own, with no padding and no mask (1.3-1.6x faster than
 the padded forward on SmolLM2's prefill shapes, benchmarks/README.md).
 
 bfloat16 (docs/inference.md, "Precision"): weights, activations and the KV cache are bfloat16, as in transformers'
 bfloat16 forward; the projections run on weights prepacked for oneDNN (`_Projection`); norms, RoPE, attention
-scores' softmax and everything the sampler does on the logits are computed in float32. The float32 path runs the
-same operations as before bfloat16 existed, so its results are unchanged bit for bit.
+scores' softmax and everything the sampler does on the logits are computed in float32.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -204,7 +202,7 @@ class NativeCausalLM:
         self._cos, self._sin = self._cos32.to(dtype), self._sin32.to(dtype)
         group_dim = self.num_heads // self.num_kv_heads * self.head_dim
         fused = device.type == "cpu" and dtype in cpu_kernels.DTYPES and self.head_dim <= cpu_kernels.MAX_HEAD_DIM
-        fused = fused and (dtype == torch.float32 or group_dim <= cpu_kernels.MAX_GROUP_DIM)
+        fused = fused and group_dim <= cpu_kernels.MAX_GROUP_DIM
         self.kernels = cpu_kernels.load() if fused else None
 
     @property
@@ -297,7 +295,6 @@ class NativeCausalLM:
         if span > cache.max_len or int(slot_ids.max()) >= cache.num_slots:  # the C kernel writes without bounds checks
             raise IndexError(f"decode at position {span - 1} / slot {int(slot_ids.max())} is outside the KV cache")
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        attend = self._attend_float32(slots, positions, span) if self.dtype == torch.float32 else None
         lengths = positions + 1
         x = F.embedding(tokens, self.embed.weight)
         for i, layer in enumerate(self.layers):
@@ -312,10 +309,7 @@ class NativeCausalLM:
             q = kernels.rope_store(
                 qkv, (nh, nkv, hd), (self._cos32, self._sin32), positions, slot_ids, qk_norm, (k_buf, v_buf), hd**-0.5
             )
-            if attend is None:  # bfloat16: one C call, scores and softmax in float32
-                attn = kernels.decode_attention(q, (k_buf, v_buf), slot_ids, lengths).view(batch, nh * hd)
-            else:
-                attn = attend(q, k_buf, v_buf)
+            attn = kernels.decode_attention(q, (k_buf, v_buf), slot_ids, lengths).view(batch, nh * hd)
             x = layer.o.fused(attn, residual=x)
             h = kernels.rms_norm(x, layer.post_norm.weight, layer.post_norm.variance_epsilon)
             gate, up = layer.gate_up.fused(h).chunk(2, dim=-1)
@@ -323,19 +317,3 @@ class NativeCausalLM:
         x = x if at is None else x[at]
         h = kernels.rms_norm(x, self.final_norm.weight, self.final_norm.variance_epsilon)
         return self.lm_head.fused(h).float()
-
-    def _attend_float32(self, slots: Tensor | slice, positions: Tensor, span: int) -> Callable[..., Tensor]:
-        """Decode attention of a float32 model in PyTorch: fn(q [B, H, D], layer's keys, values) -> [B, H * D].
-        Each KV head's query group is one small matmul (no repeated keys/values)."""
-        batch, nkv, hd = positions.shape[0], self.num_kv_heads, self.head_dim
-        group = self.num_heads // nkv
-        hidden = torch.arange(span)[None] > positions[:, None]  # [B, L]: keys after the row's own token
-        mask = torch.zeros(batch, span).masked_fill_(hidden, float("-inf"))
-        mask = mask[:, None, None].expand(batch, nkv, group, span).reshape(batch * nkv, group, span)
-
-        def attend(q: Tensor, k_buf: Tensor, v_buf: Tensor) -> Tensor:
-            keys, values = k_buf[slots, :, :span], v_buf[slots, :, :span]  # views for a slice, gathered for ids
-            scores = torch.bmm(q.view(batch * nkv, group, hd), keys.flatten(0, 1).transpose(1, 2)).add_(mask)
-            return (scores.softmax(-1) @ values.flatten(0, 1)).view(batch, nkv * group * hd)
-
-        return attend

@@ -114,80 +114,159 @@ static inline int64_t dot_keys_bf16(const bf16 *q, const bf16 *keys, int64_t n, 
 
 #endif
 
-/* Softmax-weighted sum over the n cached rows of one KV head for its `group` queries q [group, dim] (bfloat16, and
- * qf: the same in float32). Inlined with a constant `dim` for the common head sizes, so the loops unroll into full
- * vectors. */
-static inline void attend_head(const bf16 *q, const float *qf, const bf16 *keys, const bf16 *values, int64_t n,
-                               int64_t group, int64_t dim, int64_t stride, float *scores, float *acc) {
-    float row[1024];
-    for (int64_t g = 0; g < group; g++) {
-        int64_t t = 0;
-#ifdef __AVX512BF16__
-        if (dim % 32 == 0) t = dot_keys_bf16(q + g * dim, keys, n, dim, scores + g * stride);
+#if defined(__AVX2__) && defined(__FMA__)
+#ifndef __AVX512BF16__
+#include <immintrin.h>
 #endif
-        for (; t < n; t++) {
-            float dot = 0.0f;
-            for (int64_t i = 0; i < dim; i++) dot += qf[g * dim + i] * bf16_load(keys[t * dim + i]);
-            scores[g * stride + t] = dot;
-        }
-    }
-    for (int64_t g = 0; g < group; g++) {
-        float *s = scores + g * stride, top = -INFINITY, sum = 0.0f;
-        for (int64_t t = 0; t < n; t++) top = s[t] > top ? s[t] : top;
-        for (int64_t t = 0; t < n; t++) {
-            s[t] = exp_nonpositive(s[t] - top);
-            sum += s[t];
-        }
-        float inv = 1.0f / sum;
-        for (int64_t t = 0; t < n; t++) s[t] *= inv;
-        for (int64_t i = 0; i < dim; i++) acc[g * dim + i] = 0.0f;
-    }
-    for (int64_t t = 0; t < n; t++) {
-        for (int64_t i = 0; i < dim; i++) row[i] = bf16_load(values[t * dim + i]);
-        for (int64_t g = 0; g < group; g++)
-            for (int64_t i = 0; i < dim; i++) acc[g * dim + i] += scores[g * stride + t] * row[i];
-    }
+#define THERMIK_DECODE_AVX2 1
+
+/* Lane j of the result: the sum of v[j]'s 8 lanes. */
+static inline __m256 sum_lanes_8(const __m256 *v) {
+    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
+
+/* scores[t] = q . keys[t] for the first multiple of 8 of the n float32 keys (dim a multiple of 8), eight keys at a
+ * time in eight independent accumulators; returns how many were done. */
+static inline int64_t dot_keys_f32(const float *q, const float *keys, int64_t n, int64_t dim, float *scores) {
+    int64_t t0 = 0;
+    for (; t0 + 8 <= n; t0 += 8) {
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < dim; i += 8) {
+            __m256 qi = _mm256_loadu_ps(q + i);
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(keys + (t0 + j) * dim + i), acc[j]);
+        }
+        _mm256_storeu_ps(scores + t0, sum_lanes_8(acc));
+    }
+    return t0;
+}
+
+/* acc[g, :] = sum_t scores[g, t] values[t, :] for a float32 KV head (dim a multiple of 8, group <= 8), `chunks`
+ * vectors of 8 columns per pass over the values: the group's sums stay in registers across the value rows. Returns
+ * the columns done (0: not these sizes). */
+static inline __attribute__((always_inline)) int64_t weigh_values_f32(const int64_t group, const float *scores,
+                                                                      int64_t stride, const float *values,
+                                                                      int64_t n, int64_t dim, float *acc) {
+    const int chunks = group <= 3 && dim % 32 == 0 ? 4 : group <= 7 && dim % 16 == 0 ? 2 : 1;
+    if (dim % 8 != 0 || group > 8) return 0;
+    for (int64_t c0 = 0; c0 < dim; c0 += 8 * chunks) {
+        __m256 sums[8][4];
+        for (int64_t g = 0; g < group; g++)
+            for (int c = 0; c < chunks; c++) sums[g][c] = _mm256_setzero_ps();
+        for (int64_t t = 0; t < n; t++) {
+            __m256 row[4];
+            for (int c = 0; c < chunks; c++) row[c] = _mm256_loadu_ps(values + t * dim + c0 + 8 * c);
+            for (int64_t g = 0; g < group; g++) {
+                __m256 s = _mm256_broadcast_ss(scores + g * stride + t);
+                for (int c = 0; c < chunks; c++) sums[g][c] = _mm256_fmadd_ps(s, row[c], sums[g][c]);
+            }
+        }
+        for (int64_t g = 0; g < group; g++)
+            for (int c = 0; c < chunks; c++) _mm256_storeu_ps(acc + g * dim + c0 + 8 * c, sums[g][c]);
+    }
+    return dim;
+}
+#define FAST_DOT_F32(q, qf, keys, n, dim, scores) ((dim) % 8 == 0 ? dot_keys_f32(qf, keys, n, dim, scores) : 0)
+#define FAST_VALUES_F32(group, scores, stride, values, n, dim, acc) \
+    weigh_values_f32(group, scores, stride, values, n, dim, acc)
+#else
+#define FAST_DOT_F32(q, qf, keys, n, dim, scores) 0
+#define FAST_VALUES_F32(group, scores, stride, values, n, dim, acc) 0
+#endif
+
+/* The fast paths of attend_head: dot products of the first keys (FAST_DOT: how many it did) and the whole value
+ * sum (FAST_VALUES: the columns it did, dim or 0). */
+#ifdef __AVX512BF16__
+#define FAST_DOT_BF16(q, qf, keys, n, dim, scores) ((dim) % 32 == 0 ? dot_keys_bf16(q, keys, n, dim, scores) : 0)
+#else
+#define FAST_DOT_BF16(q, qf, keys, n, dim, scores) 0
+#endif
+#define FAST_VALUES_NONE(group, scores, stride, values, n, dim, acc) 0
+
+/* Softmax-weighted sum over the n cached rows of one KV head for its `group` queries q [group, dim] (element type
+ * T, and qf: the same in float32) into acc [group, dim] (float32). Inlined with a constant `dim` and `group` for
+ * the common sizes, so the loops unroll into full vectors. */
+#define DEFINE_ATTEND_HEAD(NAME, T, LOAD, FAST_DOT, FAST_VALUES)                                                  \
+    static inline __attribute__((always_inline)) void NAME(const T *q, const float *qf, const T *keys,        \
+                                                           const T *values, int64_t n, int64_t group,           \
+                                                           int64_t dim, int64_t stride, float *scores,          \
+                                                           float *acc) {                                        \
+        float row[1024];                                                                                        \
+        (void)q;                                                                                                \
+        for (int64_t g = 0; g < group; g++) {                                                                   \
+            int64_t t = FAST_DOT(q + g * dim, qf + g * dim, keys, n, dim, scores + g * stride);                 \
+            for (; t < n; t++) {                                                                                \
+                float dot = 0.0f;                                                                               \
+                for (int64_t i = 0; i < dim; i++) dot += qf[g * dim + i] * LOAD(keys[t * dim + i]);             \
+                scores[g * stride + t] = dot;                                                                   \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int64_t g = 0; g < group; g++) {                                                                   \
+            float *s = scores + g * stride, top = -INFINITY, sum = 0.0f;                                        \
+            for (int64_t t = 0; t < n; t++) top = s[t] > top ? s[t] : top;                                      \
+            for (int64_t t = 0; t < n; t++) {                                                                   \
+                s[t] = exp_nonpositive(s[t] - top);                                                             \
+                sum += s[t];                                                                                    \
+            }                                                                                                   \
+            float inv = 1.0f / sum;                                                                             \
+            for (int64_t t = 0; t < n; t++) s[t] *= inv;                                                        \
+        }                                                                                                       \
+        if (FAST_VALUES(group, scores, stride, values, n, dim, acc) == dim) return;                             \
+        for (int64_t i = 0; i < group * dim; i++) acc[i] = 0.0f;                                                \
+        for (int64_t t = 0; t < n; t++) {                                                                       \
+            for (int64_t i = 0; i < dim; i++) row[i] = LOAD(values[t * dim + i]);                               \
+            for (int64_t g = 0; g < group; g++)                                                                 \
+                for (int64_t i = 0; i < dim; i++) acc[g * dim + i] += scores[g * stride + t] * row[i];          \
+        }                                                                                                       \
+    }
+DEFINE_ATTEND_HEAD(attend_head_bf16, bf16, bf16_load, FAST_DOT_BF16, FAST_VALUES_NONE)
+DEFINE_ATTEND_HEAD(attend_head_f32, float, f32_load, FAST_DOT_F32, FAST_VALUES_F32)
 
 /* attend_head with a constant head size and, for the common GQA group sizes, a constant group: the group's
  * accumulators then stay in vector registers across the value rows (SmolLM2's 3 x 64, batch 64 at ~330 positions: 20.7
- * -> 19.3 ms per step, benchmarks/engine_step_sections.py). */
-#define ATTEND(G, D) attend_head(qb, qf, keys, values, len[b], G, D, max_len, scores, acc)
-#define ATTEND_GROUPS(D)             \
-    switch (group) {                 \
-        case 1: ATTEND(1, D); break; \
-        case 2: ATTEND(2, D); break; \
-        case 3: ATTEND(3, D); break; \
-        case 4: ATTEND(4, D); break; \
-        case 6: ATTEND(6, D); break; \
-        case 8: ATTEND(8, D); break; \
-        default: ATTEND(group, D);   \
+ * -> 19.3 ms per step in bfloat16, benchmarks/engine_step_sections.py). */
+#define ATTEND(HEAD, G, D) HEAD(qb, qf, keys, values, len[b], G, D, max_len, scores, acc)
+#define ATTEND_GROUPS(HEAD, D)             \
+    switch (group) {                       \
+        case 1: ATTEND(HEAD, 1, D); break; \
+        case 2: ATTEND(HEAD, 2, D); break; \
+        case 3: ATTEND(HEAD, 3, D); break; \
+        case 4: ATTEND(HEAD, 4, D); break; \
+        case 6: ATTEND(HEAD, 6, D); break; \
+        case 8: ATTEND(HEAD, 8, D); break; \
+        default: ATTEND(HEAD, group, D);   \
     }
 
-/* Attention of one decode step in bfloat16, softmax and sums in float32, over `threads` OpenMP threads. Queries
+/* Attention of one decode step, softmax and sums in float32, over `threads` OpenMP threads. Queries
  * q [B, kv_heads * group, dim] (RoPE'd and scaled; the heads of KV head h are h * group .. h * group + group - 1)
  * attend to the first len[b] positions of cache slot slot[b] (caches [slots, kv_heads, max_len, dim]); each key
  * and value row is read once for the whole query group. Writes out [B, kv_heads * group, dim]. `scratch` holds
- * group * (max_len + dim) floats per thread. Rows are independent: the result does not depend on `threads`. */
-void thermik_decode_attention_bf16(const bf16 *q, const bf16 *k_cache, const bf16 *v_cache, const int64_t *slot,
-                                   const int64_t *len, int64_t rows, int64_t kv_heads, int64_t group, int64_t dim,
-                                   int64_t max_len, float *scratch, bf16 *out, int64_t threads) {
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 2)
-    for (int64_t b = 0; b < rows; b++) {
-        float qf[4096];
-        float *scores = scratch + (int64_t)omp_get_thread_num() * group * (max_len + dim);
-        float *acc = scores + group * max_len;
-        for (int64_t h = 0; h < kv_heads; h++) {
-            const int64_t head0 = (b * kv_heads + h) * group, at = (slot[b] * kv_heads + h) * max_len * dim;
-            for (int64_t i = 0; i < group * dim; i++) qf[i] = bf16_load(q[head0 * dim + i]);
-            const bf16 *qb = q + head0 * dim, *keys = k_cache + at, *values = v_cache + at;
-            if (dim == 64) {
-                ATTEND_GROUPS(64)
-            } else if (dim == 128) {
-                ATTEND_GROUPS(128)
-            } else
-                attend_head(qb, qf, keys, values, len[b], group, dim, max_len, scores, acc);
-            for (int64_t i = 0; i < group * dim; i++) out[head0 * dim + i] = bf16_store(acc[i]);
-        }
+ * group * (max_len + dim) floats per thread. Rows are independent: the result does not depend on `threads`.
+ * Element types: bfloat16 (`thermik_decode_attention_bf16`) and float32 (`thermik_decode_attention`). */
+#define DEFINE_DECODE_ATTENTION(NAME, T, HEAD, LOAD, STORE)                                                         \
+    void NAME(const T *q, const T *k_cache, const T *v_cache, const int64_t *slot, const int64_t *len, int64_t rows, \
+              int64_t kv_heads, int64_t group, int64_t dim, int64_t max_len, float *scratch, T *out,               \
+              int64_t threads) {                                                                                  \
+        _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 2)")                                     \
+        for (int64_t b = 0; b < rows; b++) {                                                                      \
+            float qf[4096];                                                                                       \
+            float *scores = scratch + (int64_t)omp_get_thread_num() * group * (max_len + dim);                    \
+            float *acc = scores + group * max_len;                                                                \
+            for (int64_t h = 0; h < kv_heads; h++) {                                                              \
+                const int64_t head0 = (b * kv_heads + h) * group, at = (slot[b] * kv_heads + h) * max_len * dim;  \
+                for (int64_t i = 0; i < group * dim; i++) qf[i] = LOAD(q[head0 * dim + i]);                      \
+                const T *qb = q + head0 * dim, *keys = k_cache + at, *values = v_cache + at;                      \
+                if (dim == 64) {                                                                                  \
+                    ATTEND_GROUPS(HEAD, 64)                                                                       \
+                } else if (dim == 128) {                                                                          \
+                    ATTEND_GROUPS(HEAD, 128)                                                                      \
+                } else                                                                                            \
+                    HEAD(qb, qf, keys, values, len[b], group, dim, max_len, scores, acc);                         \
+                for (int64_t i = 0; i < group * dim; i++) out[head0 * dim + i] = STORE(acc[i]);                  \
+            }                                                                                                     \
+        }                                                                                                         \
     }
-}
+DEFINE_DECODE_ATTENTION(thermik_decode_attention_bf16, bf16, attend_head_bf16, bf16_load, bf16_store)
+DEFINE_DECODE_ATTENTION(thermik_decode_attention, float, attend_head_f32, f32_load, f32_store)
