@@ -136,7 +136,8 @@ static inline int64_t dot_keys_f32(const float *q, const float *keys, int64_t n,
         for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
         for (int64_t i = 0; i < dim; i += 8) {
             __m256 qi = _mm256_loadu_ps(q + i);
-            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(keys + (t0 + j) * dim + i), acc[j]);
+            for (int j = 0; j < 8; j++)
+                acc[j] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(keys + (t0 + j) * dim + i), acc[j]);
         }
         _mm256_storeu_ps(scores + t0, sum_lanes_8(acc));
     }
@@ -144,8 +145,10 @@ static inline int64_t dot_keys_f32(const float *q, const float *keys, int64_t n,
 }
 
 /* acc[g, :] = sum_t scores[g, t] values[t, :] for a float32 KV head (dim a multiple of 8, group <= 8), `chunks`
- * vectors of 8 columns per pass over the values: the group's sums stay in registers across the value rows. Returns
- * the columns done (0: not these sizes). */
+ * vectors of 8 columns per pass over the values: the group's sums stay in registers across the value rows. The first
+ * pass prefetches each whole row a few rows ahead: the rows come from memory at batch 64 (a decode step reads every
+ * row's cache once), and without it each pass waited for its half rows (SmolLM2, batch 64, 30 layers from memory:
+ * 22.3 -> 18.8 ms). Returns the columns done (0: not these sizes). */
 static inline __attribute__((always_inline)) int64_t weigh_values_f32(const int64_t group, const float *scores,
                                                                       int64_t stride, const float *values,
                                                                       int64_t n, int64_t dim, float *acc) {
@@ -156,6 +159,9 @@ static inline __attribute__((always_inline)) int64_t weigh_values_f32(const int6
         for (int64_t g = 0; g < group; g++)
             for (int c = 0; c < chunks; c++) sums[g][c] = _mm256_setzero_ps();
         for (int64_t t = 0; t < n; t++) {
+            if (c0 == 0 && t + 6 < n)
+                for (int64_t i = 0; i < dim; i += 16)
+                    _mm_prefetch((const char *)(values + (t + 6) * dim + i), _MM_HINT_T0);
             __m256 row[4];
             for (int c = 0; c < chunks; c++) row[c] = _mm256_loadu_ps(values + t * dim + c0 + 8 * c);
             for (int64_t g = 0; g < group; g++) {
