@@ -66,10 +66,12 @@ calculator_run() {  # one precision: the example's SFT warm-up then its GRPO run
     --model.path "$RUNS/calc-init" --train_path "$RUNS/calc-data/sft.jsonl" --model.device "$DEVICE" \
     --model.train_precision "$train" --progress false \
     $(quick --max_steps 4 --min_steps 2 --eval_every 2 --eval_size 4 --rollout.max_generate_length 16) || return 1
+  # 64 of the example's 120 GRPO steps, held-out evaluations before, at 32 and after: a 1M model is latency-bound on a
+  # GPU (1.4-1.8 s per step on an H200 with both precisions side by side), and 120 steps outgrew the stage's 240 s.
   # shellcheck disable=SC2046
   thermik rl @ examples/calculator/rl.toml --name "calc-rl-$name" --output_dir "$RUNS" \
     --model.path "$RUNS/calc-sft-$name/model" --model.device "$DEVICE" --model.train_precision "$train" \
-    --inference.precision "$engine" --monitor.progress false --eval.every 40 \
+    --inference.precision "$engine" --monitor.progress false --trainer.steps 64 --eval.every 32 \
     $(quick --trainer.steps 2 --trainer.prompts_per_step 2 --trainer.group_size 2 --eval.size 4 --eval.every 0 \
       --rollout.max_generate_length 16) \
     || rc=1
@@ -119,18 +121,22 @@ stage_generate() {
 
 stage_rl_sync() {
   # 5 GRPO steps, weights pushed into the engine after each (checksummed), the parity probe every step; from the
-  # float32 SFT warm-up when it exists. Synchronous bf16 and float32, then one-step-off asynchronous bf16.
+  # float32 SFT warm-up when it exists. Synchronous bf16 and float32, then one-step-off asynchronous bf16. A bfloat16
+  # engine's probe gap to the float32 trainer is bfloat16 arithmetic (0.2-2 on a trained model, docs/reliability.md):
+  # its runs take a limit that records the gap; the checksum checks their weights.
   local model=$RUNS/calc-sft-float32/model rc=0 name
   [[ -d $model ]] || model=$RUNS/calc-init
   for name in bf16 float32 bf16-async; do
-    local kind=${name%-async} async=0
+    local kind=${name%-async} async=0 limit=0.1
     [[ $name == *-async ]] && async=1
+    [[ $kind == bf16 ]] && limit=5
     # shellcheck disable=SC2046
     thermik rl @ examples/calculator/rl.toml --name "rl-sync-$name" --output_dir "$RUNS" --model.path "$model" \
       --model.device "$DEVICE" --model.train_precision "${TRAIN_PRECISION[$kind]}" \
       --inference.precision "${ENGINE_PRECISION[$kind]}" --trainer.max_off_policy_steps "$async" \
-      --trainer.steps "$( ((QUICK)) && echo 2 || echo 5)" --guards.parity_every 1 --eval.before false \
-      --eval.size 16 --checkpoint.every 0 --monitor.progress false \
+      --trainer.steps "$( ((QUICK)) && echo 2 || echo 5)" --guards.parity_every 1 \
+      --guards.parity_max_abs_diff "$limit" --eval.before false --eval.size 16 --checkpoint.every 0 \
+      --monitor.progress false \
       $(quick --trainer.prompts_per_step 2 --trainer.group_size 2 --eval.size 2 --rollout.max_generate_length 16) \
       || rc=1
   done
