@@ -296,7 +296,9 @@ print(json.dumps({"first": rss[0], "peak": max(rss), "cache": engine._cache.nbyt
 def test_many_parked_sessions_keep_resident_memory_within_the_budget() -> None:
     """192 parked sessions of ~408 positions, 8 KiB each (~640 MB if all stayed cached), arriving 32 at a time. With a
     64 MiB budget the process stops growing after the first wave: what it holds beyond the cache is the prefill's
-    activations, the same for every wave. Without a budget it keeps growing with the sessions."""
+    activations, which the allocator keeps in its free lists (55-90 MiB more than after the first wave, depending on
+    how the waves' requests were grouped into prefills). Without a budget it keeps growing with the sessions (over
+    1 GiB more)."""
     import json
     import subprocess
     import sys
@@ -310,9 +312,10 @@ def test_many_parked_sessions_keep_resident_memory_within_the_budget() -> None:
     budget, mib = 64 * 2**20, 2**20
     bounded, unbounded = rss(str(budget / 2**30)), rss("inf")
     assert bounded["cache"] <= budget < unbounded["cache"]
-    assert bounded["peak"] - bounded["first"] < 64 * mib, bounded  # flat: parked sessions give way
-    assert bounded["peak"] < budget + 300 * mib, bounded  # budget + model (~5 MB) + one wave's prefill activations
-    assert unbounded["peak"] - unbounded["first"] > 350 * mib, unbounded  # the workload does outgrow it
+    grown, grown_unbounded = bounded["peak"] - bounded["first"], unbounded["peak"] - unbounded["first"]
+    assert grown < 160 * mib and grown < grown_unbounded / 5, (bounded, unbounded)  # flat: parked sessions give way
+    assert bounded["peak"] < budget + 400 * mib, bounded  # budget + model (~5 MB) + one wave's prefill activations
+    assert grown_unbounded > 350 * mib, unbounded  # the workload does outgrow it
 
 
 def test_a_weight_update_gives_the_idle_cache_back_and_the_next_rollout_regrows_it(qwen: PreTrainedModel) -> None:
