@@ -255,3 +255,49 @@ def test_learning_rate_warms_up_then_decays_linearly_to_its_floor() -> None:
     assert all(a >= b for a, b in itertools.pairwise(rates[4:]))
     constant, _ = build_optimizer(model, OptimizerConfig(lr=1e-2, warmup_steps=4))
     assert constant.param_groups[0]["lr"] == pytest.approx(2e-3)  # decay_steps 0: warm-up, then constant
+
+
+def test_held_out_checks_run_every_step_once_one_comes_close_and_stop_at_the_threshold() -> None:
+    from thermik.runs.held_out_stop import HeldOutStop
+
+    stop = HeldOutStop(stop_at=0.6, every=5, min_step=10, every_step_from=0.4)
+    values = {10: 0.2, 15: 0.45, 16: 0.3, 17: 0.55, 18: 0.62}
+    checked = []
+    for step in range(1, 30):
+        if stop.checks_at(step):
+            checked.append(step)
+            stop.record(values[step])
+        if stop.reached():
+            break
+    assert checked == [10, 15, 16, 17, 18], "every 5 from step 10, then every step from the first check >= 0.4"
+    assert step == 18 and stop.last == 0.62
+    resumed = HeldOutStop(stop_at=0.6, every=5, min_step=10, every_step_from=0.4)
+    resumed.load(stop.state())
+    assert resumed.checks_at(19) and not HeldOutStop(0.6, 5, 10, 0.4).checks_at(19)
+    assert not HeldOutStop(0.6, 0, 0, 0.0).checks_at(5), "eval_every 0 turns the check off"
+
+
+@pytest.mark.slow
+def test_sft_checks_every_step_after_a_close_check_and_a_resumed_run_keeps_doing_so(tmp_path):
+    from conftest import run_thermik
+
+    from thermik.models.presets import init_model
+
+    model = init_model("qwen2-1m", tmp_path / "init", seed=0)
+    data = run_thermik("synthesize", "--env", "calculator", "--n", "40", "--out", str(tmp_path / "data"))
+    assert data.returncode == 0, data.stderr[-3000:]
+    args = [
+        "sft", "--model.path", str(model), "--train_path", str(tmp_path / "data" / "sft.jsonl"), "--env.name",
+        "calculator", "--batch_size", "4", "--checkpoint.every", "1", "--eval_every", "3", "--eval_size", "2",
+        "--min_steps", "3", "--eval_every_step_from", "0", "--output_dir", str(tmp_path), "--name", "close",
+        "--progress", "false",
+    ]  # fmt: skip
+    first = run_thermik(*args, "--max_steps", "4", timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_thermik(*args, "--max_steps", "5", timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "close" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval/success" in r] == [3, 4, 5]
+    stopped = run_thermik(*args, "--max_steps", "9", "--stop_at", "0", "--name", "stops", timeout=300)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert json.loads((tmp_path / "stops" / "sft_result.json").read_text())["steps"] == 3

@@ -865,6 +865,10 @@ class SFTConfig(Section):
     stop_at: float = Field(1.1, description="Stop once the held-out stop_metric reaches this; > 1 never stops.")
     stop_metric: Literal["success", "reward"] = Field("success", description="Held-out metric compared with stop_at.")
     min_steps: int = Field(0, ge=0, description="Held-out checks (and so early stops) start at this step.")
+    eval_every_step_from: float = Field(
+        1.1, description="Once a held-out check reaches this (stop_metric), check after every step: a metric that "
+        "climbs fast is then stopped within one step of stop_at (docs/sft.md); > 1 keeps eval_every."
+    )  # fmt: skip
     progress: bool = Field(True, description="Show a rich progress bar.")
 
     @property

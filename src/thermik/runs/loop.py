@@ -25,7 +25,6 @@ class LoopPlan:
     eval_before: bool = False  # held-out evaluation before the first step (read back when a resumed run has it)
     eval_every: int = 0  # and every k steps (0: never during training)
     eval_after: bool = False  # and after the last step (then the periodic one skips the last step)
-    eval_min_step: int = 0  # periodic evaluations start at this step
     checkpoint_every: int = 0  # checkpoint every k steps and at the end (0: only at the end, if `checkpoint`)
     checkpoint: bool = True
     samples_per_step: int = 0  # logged as progress/samples when > 0
@@ -44,6 +43,9 @@ class Mode(Protocol):
 
     def save(self, step: int) -> None:
         return None
+
+    def evaluates_at(self, step: int) -> bool:
+        return False  # an evaluation the mode schedules itself, beside plan.eval_every (SFT's held-out check)
 
     def done(self, step: int, metrics: dict[str, float]) -> bool:
         return False  # stop early (SFT's held-out threshold)
@@ -99,7 +101,7 @@ async def _steps(mode: Mode, run: Run, plan: LoopPlan) -> int:
             done = step + 1
             if plan.samples_per_step:
                 metrics["progress/samples"] = float(done * plan.samples_per_step)
-            if _evaluates_at(plan, done):
+            if _evaluates_at(plan, done) or mode.evaluates_at(done):
                 metrics.update((await mode.evaluate(f"step_{done}")).as_metrics())
             run.logger.log(done, metrics)
             progress.update(done, {label: metrics.get(key, 0.0) for label, key in plan.show})
@@ -111,7 +113,7 @@ async def _steps(mode: Mode, run: Run, plan: LoopPlan) -> int:
 
 
 def _evaluates_at(plan: LoopPlan, done: int) -> bool:
-    if not plan.eval_every or done % plan.eval_every or done < plan.eval_min_step:
+    if not plan.eval_every or done % plan.eval_every:
         return False
     return done < plan.steps or not plan.eval_after
 

@@ -20,6 +20,7 @@ from thermik.inference.base import InferenceEngine
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, write_records
 from thermik.runs.build import Run, open_run, resume_logger
+from thermik.runs.held_out_stop import HeldOutStop
 from thermik.runs.loop import LoopPlan, Mode, run_loop
 from thermik.tasks.registry import generate_rows
 from thermik.training.checkpoint import CheckpointManager
@@ -51,6 +52,7 @@ class SFTMode(Mode):
         )
         self.limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
         self.result: dict[str, Any] = {"steps": 0, "success": None, "reward": None}
+        self.held_out_stop = HeldOutStop.from_config(cfg)
         self._resume()
 
     def _resume(self) -> None:
@@ -61,6 +63,7 @@ class SFTMode(Mode):
             return
         extra = restore_sft_checkpoint(latest, self.model, self.optimizer, self.scheduler)
         self.order.position = int(extra["data_position"])
+        self.held_out_stop.load(extra.get("held_out", {}))
         self.result["steps"] = int(extra["step"])
         resume_logger(self.run, int(extra["step"]), None)
 
@@ -75,7 +78,18 @@ class SFTMode(Mode):
         )  # fmt: skip
 
     def save(self, step: int) -> None:
-        save_sft_checkpoint(self.checkpoints, step, self.model, self.optimizer, self.scheduler, self.order.position)
+        save_sft_checkpoint(
+            self.checkpoints,
+            step,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.order.position,
+            self.held_out_stop.state(),
+        )
+
+    def evaluates_at(self, step: int) -> bool:
+        return self.held_out_stop.checks_at(step)
 
     async def evaluate(self, label: str) -> EvalResult:
         if self.engine is None:
@@ -94,11 +108,11 @@ class SFTMode(Mode):
         )
         write_records(self.cfg.run_dir / "trajectories" / f"eval_{label}.jsonl", records)
         self.result.update(success=result.success, reward=result.reward)
+        self.held_out_stop.record(self.result[self.cfg.stop_metric])
         return result
 
     def done(self, step: int, metrics: dict[str, float]) -> bool:
-        value = self.result[self.cfg.stop_metric]
-        return value is not None and value >= self.cfg.stop_at and step >= self.cfg.min_steps
+        return self.held_out_stop.reached()
 
     def export(self) -> None:
         """run_dir/model, atomically (complete or absent): the merged model, with LoRA also its adapter/."""
@@ -111,8 +125,6 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
     plan = LoopPlan(
         title="SFT",
         steps=cfg.max_steps,
-        eval_every=cfg.eval_every,
-        eval_min_step=cfg.min_steps,
         checkpoint_every=cfg.checkpoint.every,
         show=(("loss", "sft/loss"), ("success", "eval/success")),
         progress=cfg.progress,
