@@ -270,11 +270,21 @@ def test_held_out_checks_run_every_step_once_one_comes_close_and_stop_at_the_thr
         if stop.reached():
             break
     assert checked == [10, 15, 16, 17, 18], "every 5 from step 10, then every step from the first check >= 0.4"
-    assert step == 18 and stop.last == 0.62
+    assert step == 18 and stop.mean() == 0.62
     resumed = HeldOutStop(stop_at=0.6, every=5, min_step=10, every_step_from=0.4)
     resumed.load(stop.state())
     assert resumed.checks_at(19) and not HeldOutStop(0.6, 5, 10, 0.4).checks_at(19)
     assert not HeldOutStop(0.6, 0, 0, 0.0).checks_at(5), "eval_every 0 turns the check off"
+
+    windowed = HeldOutStop(stop_at=0.6, every=1, window=3)
+    for value in (0.5, 0.5, 0.72):  # one lucky check alone does not stop the run: the mean is 0.573
+        windowed.record(value)
+        assert not windowed.reached()
+    windowed.record(0.65)
+    assert windowed.reached() and windowed.recent == [0.5, 0.72, 0.65]
+    resumed = HeldOutStop(stop_at=0.6, every=1, window=3)
+    resumed.load(windowed.state())
+    assert resumed.reached()
 
 
 @pytest.mark.slow

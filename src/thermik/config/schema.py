@@ -867,7 +867,11 @@ class SFTConfig(Section):
     min_steps: int = Field(0, ge=0, description="Held-out checks (and so early stops) start at this step.")
     eval_every_step_from: float = Field(
         1.1, description="Once a held-out check reaches this (stop_metric), check after every step: a metric that "
-        "climbs fast is then stopped within one step of stop_at (docs/sft.md); > 1 keeps eval_every."
+        "climbs fast is then stopped close to stop_at (docs/sft.md); > 1 keeps eval_every."
+    )  # fmt: skip
+    stop_window: int = Field(
+        1, ge=1, description="Stop once the mean of the last k held-out checks (all of them while fewer have run) "
+        "reaches stop_at: k > 1 keeps one lucky sample from stopping the run (docs/sft.md)."
     )  # fmt: skip
     progress: bool = Field(True, description="Show a rich progress bar.")
 
