@@ -67,7 +67,7 @@ calculator_run() {  # one precision: the example's SFT warm-up then its GRPO run
     --model.train_precision "$train" --progress false \
     $(quick --max_steps 4 --min_steps 2 --eval_every 2 --eval_size 4 --rollout.max_generate_length 16) || return 1
   # 64 of the example's 160 GRPO steps, held-out evaluations before, at 32 and after: a 1M model is latency-bound on a
-  # GPU (1.4-1.8 s per step on an H200 with both precisions side by side), and 120 steps outgrew the stage's 240 s.
+  # GPU (1.4-1.8 s per step on an H200 with both precisions side by side), and 120 steps take longer than the stage's 240 s.
   # shellcheck disable=SC2046
   thermik rl @ examples/calculator/rl.toml --name "calc-rl-$name" --output_dir "$RUNS" \
     --model.path "$RUNS/calc-sft-$name/model" --model.device "$DEVICE" --model.train_precision "$train" \

@@ -126,8 +126,12 @@ def save_sft_checkpoint(
 ) -> Path:
     """checkpoints/step_<step>: weights (the adapter with LoRA), optimizer, RNG, scheduler, data position and the
     held-out check's state (`held_out`, kept as given)."""
-    extra = {"step": step, "scheduler": scheduler.state_dict(), "data_position": data_position}
-    extra["held_out"] = held_out or {}
+    extra = {
+        "step": step,
+        "scheduler": scheduler.state_dict(),
+        "data_position": data_position,
+        "held_out": held_out or {},
+    }
     return checkpoints.save(step, lambda d: save_training_state(d, model, optimizer, step, extra=extra))
 
 
