@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from thermik.config import ConfigError, dump_toml, format_help, load_config, wants_help
 from thermik.config.schema import EvalRunConfig, LLMGeneratorConfig, RunConfig, ServeConfig, SFTConfig
+from thermik.errors import ThermikError
 
 
 def _run_configured(
@@ -250,7 +251,28 @@ def _bare_record(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; a `ThermikError` becomes one line on stderr and its exit code (`--debug`: the traceback)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in argv:
+        argv = [a for a in argv if a != "--debug"]
+        os.environ["THERMIK_DEBUG"] = "1"  # child processes (split, servers) inherit it
+    command = argv[0] if argv else "thermik"
+    try:
+        return _dispatch(argv)
+    except ThermikError as e:
+        if os.environ.get("THERMIK_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"thermik {command}: {e}", file=sys.stderr)
+        return e.exit_code
+    except Exception:
+        print(
+            f"thermik {command}: unexpected error, a bug in thermik: please report it with the traceback below",
+            file=sys.stderr,
+        )
+        raise
+
+
+def _dispatch(argv: list[str]) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # thermik shows its own progress
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
