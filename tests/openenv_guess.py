@@ -2,7 +2,9 @@
 
 `python -m uvicorn openenv_guess:app --port P` (with this folder on PYTHONPATH) serves it through OpenEnv's own
 create_fastapi_app; `openenv:openenv_guess:GuessEnv` runs it in-process. Reset(seed) draws the number; each guess
-gets "higher", "lower" or "correct" (reward 1, done).
+gets "higher", "lower" or "correct" (reward 1, done). `PlainGuessEnv` is the same game declared as OpenEnv's own
+examples declare theirs: `Environment` without generic parameters, the action type in step()'s annotation (a string
+here, under `from __future__ import annotations`); `plain_app` serves it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class GuessObservation(Observation):
     feedback: str
 
 
-class GuessEnv(Environment[GuessAction, GuessObservation, State]):
+class PlainGuessEnv(Environment):
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self) -> None:
@@ -45,4 +47,9 @@ class GuessEnv(Environment[GuessAction, GuessObservation, State]):
         return self._state
 
 
+class GuessEnv(PlainGuessEnv, Environment[GuessAction, GuessObservation, State]):
+    """The same game with its types declared as generic parameters."""
+
+
 app = create_fastapi_app(GuessEnv, GuessAction, GuessObservation, max_concurrent_envs=64)
+plain_app = create_fastapi_app(PlainGuessEnv, GuessAction, GuessObservation, max_concurrent_envs=64)

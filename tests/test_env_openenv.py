@@ -1,11 +1,14 @@
 """OpenEnv environments in-process (`openenv:pkg.mod:Class`) and over the WebSocket of a real `create_fastapi_app`
-server on loopback (`openenv+ws://host:port`): episodes, refused actions, a server gone mid-episode, a server not
-running, a missing package; then `thermik eval` and 3 `thermik rl` steps on each."""
+server on loopback (`openenv+ws://host:port`, and `openenv+wss://` behind TLS): episodes, envs declared without
+generic parameters (the action type from step()'s annotation, the app's /schema, env.openenv.action_class), refused
+actions, a server gone mid-episode, a server not running, a missing package; then `thermik eval` and 3 `thermik rl`
+steps on each."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -17,9 +20,11 @@ import pytest
 from conftest import cli_env
 from env_sources import eval_then_rl
 from tinker_support import free_port
+from tls_support import make_certificates
 
 from thermik.config.schema import EnvConfig, OpenEnvConfig
 from thermik.envs.openenv import ActionRefused, parse_action
+from thermik.errors import ThermikError
 from thermik.tasks.registry import generate_rows, make_env
 
 pytest.importorskip("openenv.core")
@@ -30,17 +35,21 @@ PROMPT = [{"role": "system", "content": "Guess."}]
 sys.path.insert(0, str(TESTS))  # openenv_guess, as a user's package
 
 
-def _start(log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """OpenEnv's app for the guessing env under uvicorn on 127.0.0.1; waits for /health."""
+def _start(
+    log: Path, app: str = "openenv_guess:app", tls: tuple[Path, Path, Path] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """OpenEnv's app `app` under uvicorn on 127.0.0.1 (with TLS: (ca, certificate, key)); waits for /health."""
     port = free_port()
     env = cli_env(PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "uvicorn", "openenv_guess:app", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port)]
+    cmd += [] if tls is None else ["--ssl-certfile", str(tls[1]), "--ssl-keyfile", str(tls[2])]
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    scheme, verify = ("http", True) if tls is None else ("https", ssl.create_default_context(cafile=tls[0]))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc, f"openenv+ws://127.0.0.1:{port}"
+            if httpx.get(f"{scheme}://127.0.0.1:{port}/health", timeout=2, verify=verify).status_code == 200:
+                return proc, f"openenv+{'ws' if tls is None else 'wss'}://127.0.0.1:{port}"
         except httpx.HTTPError:
             time.sleep(0.2)
     proc.kill()
@@ -62,13 +71,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     _stop(proc)
 
 
-def _env(name: str, seed: int = 3):
-    return make_env(name, reward_spec={}, extra_info={"reset": {"seed": seed}}, options=EnvConfig(name=name))
+def _env(name: str, seed: int = 3, **openenv: str):
+    options = EnvConfig(name=name, openenv=OpenEnvConfig(**openenv))
+    return make_env(name, reward_spec={}, extra_info={"reset": {"seed": seed}}, options=options)
 
 
-async def _binary_search(name: str) -> tuple[list[str], float]:
+async def _binary_search(name: str, **openenv: str) -> tuple[list[str], float]:
     """Plays an episode by bisection; returns the observations' contents and the final reward."""
-    env = _env(name)
+    env = _env(name, **openenv)
     messages, _ = await env.ainit(PROMPT)
     seen, low, high = [messages[-1]["content"]], 1, 8
     try:
@@ -91,6 +101,79 @@ def test_an_episode_plays_to_the_reward(where: str, request: pytest.FixtureReque
     assert reward == 1.0
     assert seen[0] == '{"feedback": "Guess a number from 1 to 8."}'
     assert all(("higher" in s) or ("lower" in s) for s in seen[1:])
+
+
+def _assert_won(name: str, **openenv: str) -> None:
+    seen, reward = asyncio.run(_binary_search(name, **openenv))
+    assert reward == 1.0 and seen[0] == '{"feedback": "Guess a number from 1 to 8."}'
+
+
+@pytest.fixture(scope="module")
+def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    proc, name = _start(tmp_path_factory.mktemp("openenv") / "server.log", "openenv_guess:plain_app")
+    yield name
+    _stop(proc)
+
+
+@pytest.mark.parametrize("where", ["in_process", "remote"])
+def test_an_env_declared_as_openenvs_examples_do_plays_in_process_and_over_the_websocket(
+    where: str, request: pytest.FixtureRequest
+) -> None:
+    """`class PlainGuessEnv(Environment)`, no generic parameters, the action type in step()'s string annotation."""
+    _assert_won(
+        "openenv:openenv_guess:PlainGuessEnv" if where == "in_process" else request.getfixturevalue("plain_server")
+    )
+
+
+def test_the_action_type_of_an_env_whose_step_takes_any_action_comes_from_its_apps_schema() -> None:
+    """OpenEnv's layout: `environment.py` with step(self, action: Action), `app.py` beside it naming GuessAction."""
+    _assert_won("openenv:guess_served.environment:ServedGuessEnv")
+
+
+def test_an_env_that_names_no_action_type_runs_with_the_setting_and_is_refused_without() -> None:
+    name = "openenv:openenv_untyped:UntypedGuessEnv"
+    with pytest.raises(ThermikError, match=r"cannot tell UntypedGuessEnv's action type.*--env.openenv.action_class"):
+        _env(name)
+    _assert_won(name, action_class="openenv_guess:GuessAction")
+    with pytest.raises(ThermikError, match=r"action_class = 'openenv_guess:GuessObservation' is not a subclass"):
+        _env(name, action_class="openenv_guess:GuessObservation")
+    with pytest.raises(ThermikError, match=r"cannot import it"):
+        _env(name, action_class="openenv_guess:Nope")
+    # a setting that contradicts what the env declares is refused, never silently ignored
+    with pytest.raises(ThermikError, match=r"PlainGuessEnv names openenv_guess.GuessAction \(the annotation of its"):
+        _env("openenv:openenv_guess:PlainGuessEnv", action_class="openenv.core.env_server.types:Action")
+
+
+def test_a_server_without_a_schema_needs_the_setting(tmp_path: Path) -> None:
+    proc, name = _start(tmp_path / "server.log", "openenv_untyped:schemaless_app")
+    try:
+        with pytest.raises(ThermikError, match=r"serves no action schema at /schema.*--env.openenv.action_class"):
+            _env(name)
+        _assert_won(name, action_class="openenv_guess:GuessAction")
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    folder = tmp_path_factory.mktemp("openenv_tls")
+    certificates = make_certificates(folder)
+    proc, name = _start(folder / "server.log", "openenv_guess:plain_app", tls=certificates)
+    yield name, certificates[0]
+    _stop(proc)
+
+
+def test_wss_checks_the_servers_certificate_against_ca_file_or_ssl_cert_file(
+    tls_server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name, ca = tls_server
+    assert name.startswith("openenv+wss://")
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    with pytest.raises(ThermikError, match=r"no OpenEnv server answers at https://127.0.0.1.*CERTIFICATE.*ca_file"):
+        _env(name)  # a certificate nobody said to trust
+    _assert_won(name, ca_file=str(ca))
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+    _assert_won(name)
 
 
 @pytest.mark.parametrize("where", ["in_process", "remote"])

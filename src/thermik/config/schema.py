@@ -163,8 +163,16 @@ class ReasoningGymConfig(Section):
 
 
 class OpenEnvConfig(Section):
-    """OpenEnv environments: `openenv:pkg.mod:Class` in-process, `openenv+ws://host:port` over its WebSocket."""
+    """OpenEnv environments: `openenv:pkg.mod:Class` in-process, `openenv+ws[s]://host:port` over its WebSocket."""
 
+    action_class: str = Field(
+        "", description="Action class 'pkg.mod:Class' of an environment that does not name its own: used when "
+        "neither Environment[A, O, S] nor step()'s annotation names one and no OpenEnv app serves its /schema."
+    )  # fmt: skip
+    ca_file: str = Field(
+        "", description="PEM file of the certificate authorities an openenv+wss:// server is checked against; empty: "
+        "the system's (SSL_CERT_FILE / SSL_CERT_DIR are honoured)."
+    )  # fmt: skip
     action_field: str = Field(
         "", description="Action field the model's reply fills; empty: the action schema's single required field, or, "
         "when it has none or several, the reply is the action as a JSON object."
@@ -217,7 +225,7 @@ class EnvConfig(Section):
         default_factory=ReasoningGymConfig, description="reasoning-gym tasks (env names reasoning_gym:<task>)."
     )
     openenv: OpenEnvConfig = Field(
-        default_factory=OpenEnvConfig, description="OpenEnv environments (openenv:pkg.mod:Class, openenv+ws://...)."
+        default_factory=OpenEnvConfig, description="OpenEnv environments (openenv:pkg.mod:Class, openenv+ws[s]://...)."
     )
     verifiers: VerifiersConfig = Field(
         default_factory=VerifiersConfig, description="verifiers v1 environments (env names verifiers:<taskset>)."

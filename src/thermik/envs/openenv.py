@@ -1,4 +1,5 @@
-"""OpenEnv environments inside thermik's loop: `openenv:pkg.mod:Class` in-process, `openenv+ws://host:port` remote.
+"""OpenEnv environments inside thermik's loop: `openenv:pkg.mod:Class` in-process, `openenv+ws://host:port` remote
+(`openenv+wss://` over TLS).
 
 An episode resets its own environment (in-process: a fresh instance; remote: its own WebSocket session, since
 OpenEnv's HTTP /reset and /step build a fresh environment per call) and appends the reset observation to the row's
@@ -6,7 +7,8 @@ prompt. Each reply becomes an Action: the value of the action schema's single re
 `env.openenv.action_field`), else the reply parsed as a JSON object. Each Observation becomes one message, with
 the step's reward and done. A refused action (invalid, or the environment raised on it) becomes an `error: `
 observation and the episode goes on; a lost connection or a failed reset ends the episode with reward 0 and
-`env_error` in the step's metadata. docs/environments.md, "OpenEnv".
+`env_error` in the step's metadata. The action type comes from the environment's declaration, its server's
+/schema or `env.openenv.action_class` (envs/openenv_action.py). docs/environments.md, "OpenEnv".
 
 The remote client speaks OpenEnv's WebSocket messages ({"type": "reset" | "step" | "close", "data": ...}; replies
 {"type": "observation", "data": {"observation", "reward", "done"}} or {"type": "error", ...}) with `websockets`.
@@ -19,14 +21,19 @@ import contextlib
 import functools
 import importlib
 import json
-import typing
-from typing import Any, ClassVar, Protocol
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from thermik.config.schema import EnvConfig, OpenEnvConfig
+from thermik.envs import openenv_action
 from thermik.envs.base import Env, Message, StepOutput
+from thermik.envs.openenv_action import OpenEnvSetupError
 
 INPROCESS_PREFIX = "openenv:"
 REMOTE_PREFIX = "openenv+ws://"
+SECURE_PREFIX = "openenv+wss://"
 _NOT_OBSERVED = {"done", "reward", "metadata"}
 
 
@@ -42,7 +49,7 @@ def _openenv() -> Any:
     try:
         from openenv.core.env_server import interfaces, types
     except ImportError as exc:
-        raise ValueError(
+        raise OpenEnvSetupError(
             f"in-process OpenEnv environments need openenv-core ({exc}); install it with "
             "`pip install 'thermik[openenv]'`"
         ) from exc
@@ -53,7 +60,7 @@ def _websockets() -> Any:
     try:
         from websockets.asyncio import client
     except ImportError as exc:
-        raise ValueError(
+        raise OpenEnvSetupError(
             f"remote OpenEnv environments need the websockets package ({exc}); install it with "
             "`pip install 'thermik[openenv]'`"
         ) from exc
@@ -143,13 +150,14 @@ def _payload(observation: Any) -> dict[str, Any]:
 class Remote:
     """One WebSocket session on an OpenEnv server (`create_fastapi_app`'s /ws)."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self.url, self.timeout_s, self.ws = url, timeout_s, None
+    def __init__(self, url: str, timeout_s: float, tls: ssl.SSLContext | None = None) -> None:
+        self.url, self.timeout_s, self.tls, self.ws = url, timeout_s, tls, None
 
     async def _request(self, kind: str, data: dict[str, Any]) -> dict[str, Any]:
         try:
             if self.ws is None:
-                self.ws = await _websockets().connect(self.url, open_timeout=self.timeout_s, max_size=None)
+                tls = {} if self.tls is None else {"ssl": self.tls}
+                self.ws = await _websockets().connect(self.url, open_timeout=self.timeout_s, max_size=None, **tls)
             await self.ws.send(json.dumps({"type": kind, "data": data}))
             reply = json.loads(await asyncio.wait_for(self.ws.recv(), self.timeout_s))
         except (OSError, TimeoutError, json.JSONDecodeError) as exc:
@@ -178,22 +186,30 @@ class Remote:
             self.ws = None
 
 
+@dataclass(frozen=True)
+class Binding:
+    """What the episodes of one environment share: its action schema and how an episode opens its backend."""
+
+    action_schema: dict[str, Any]
+    open_backend: Callable[[OpenEnvConfig], Backend]
+
+
 class OpenEnvEnv(Env):
     """Base of the classes `openenv_env_class` / `remote_env_class` build; one instance plays one episode."""
 
-    action_schema: ClassVar[dict[str, Any]] = {}
-
     def __init__(self, *, reward_spec: dict[str, Any], extra_info: dict[str, Any], options: EnvConfig) -> None:
         self.cfg = options.openenv
+        self.binding = self.bind(self.cfg)
         self.reset_kwargs = {**self.cfg.reset, **(extra_info.get("reset") or {})}
         self.backend: Backend | None = None
         self.error: str | None = None
 
-    def open_backend(self) -> Backend:
+    @classmethod
+    def bind(cls, cfg: OpenEnvConfig) -> Binding:
         raise TypeError("build OpenEnv environments with make('openenv:pkg.mod:Class' or 'openenv+ws://host:port')")
 
     async def ainit(self, prompt: list[Message]) -> tuple[list[Message], dict[str, Any]]:
-        self.backend = self.open_backend()
+        self.backend = self.binding.open_backend(self.cfg)
         try:
             payload = await self.backend.reset(self.reset_kwargs)
         except EnvGone as exc:  # the first step ends the episode; the prompt shows why
@@ -205,7 +221,7 @@ class OpenEnvEnv(Env):
         if self.error is not None or self.backend is None:
             return StepOutput([], 0.0, True, {"env_error": self.error or "the environment was not reset"})
         try:
-            payload = await self.backend.step(parse_action(action, self.action_schema, self.cfg))
+            payload = await self.backend.step(parse_action(action, self.binding.action_schema, self.cfg))
         except ActionRefused as exc:
             error = {"role": self.cfg.observation_role, "content": f"error: {exc}"}
             return StepOutput([error], 0.0, False, {"action_error": str(exc)})
@@ -224,52 +240,86 @@ class OpenEnvEnv(Env):
 @functools.cache
 def openenv_env_class(path: str) -> type[Env]:
     """`openenv:pkg.mod:Class`: an OpenEnv Environment subclass run in this process."""
-    interfaces, types = _openenv()
+    interfaces, _ = _openenv()
     module_name, _, attr = path.partition(":")
     try:
         env_cls = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"openenv:{path}: cannot import {attr!r} from {module_name!r}: {exc}") from exc
+        raise OpenEnvSetupError(f"openenv:{path}: cannot import {attr!r} from {module_name!r}: {exc}") from exc
     if not (isinstance(env_cls, type) and issubclass(env_cls, interfaces.Environment)):
-        raise ValueError(f"openenv:{path} is not a subclass of openenv's Environment")
-    action_cls = _action_class(env_cls, types.Action, path)
+        raise OpenEnvSetupError(f"openenv:{path} is not a subclass of openenv's Environment")
 
-    def open_backend(self: OpenEnvEnv) -> Backend:
-        return InProcess(env_cls, action_cls)
+    def bind(cls: type[OpenEnvEnv], cfg: OpenEnvConfig) -> Binding:
+        return _in_process_binding(env_cls, path, cfg.action_class)
 
-    schema = action_cls.model_json_schema()
-    return type(f"OpenEnv_{attr}", (OpenEnvEnv,), {"action_schema": schema, "open_backend": open_backend})
-
-
-def _action_class(env_cls: type, action_base: type, path: str) -> type:
-    """The Action type of `Environment[Action, Observation, State]` in the class's bases."""
-    for klass in env_cls.__mro__:
-        for base in getattr(klass, "__orig_bases__", ()):
-            for arg in typing.get_args(base):
-                if isinstance(arg, type) and issubclass(arg, action_base):
-                    return arg
-    raise ValueError(f"openenv:{path}: declare its action type: class {env_cls.__name__}(Environment[A, O, S])")
+    return type(f"OpenEnv_{attr}", (OpenEnvEnv,), {"bind": classmethod(bind)})
 
 
 @functools.cache
+def _in_process_binding(env_cls: type, path: str, action_spec: str) -> Binding:
+    action_cls = openenv_action.action_class(env_cls, _openenv()[1].Action, action_spec, f"openenv:{path}")
+    return Binding(action_cls.model_json_schema(), lambda cfg: InProcess(env_cls, action_cls))
+
+
 def remote_env_class(address: str) -> type[Env]:
     """`openenv+ws://host:port`: an OpenEnv server's environment, one WebSocket session per episode."""
+    return _remote_env_class("ws", address.rstrip("/"))
+
+
+def secure_env_class(address: str) -> type[Env]:
+    """`openenv+wss://host:port`: the same over TLS (the certificate checked against env.openenv.ca_file)."""
+    return _remote_env_class("wss", address.rstrip("/"))
+
+
+@functools.cache
+def _remote_env_class(scheme: str, address: str) -> type[Env]:
+    _websockets()  # fail before the first episode when the client is missing
+
+    def bind(cls: type[OpenEnvEnv], cfg: OpenEnvConfig) -> Binding:
+        return _remote_binding(scheme, address, cfg.action_class, cfg.ca_file, cfg.timeout_s)
+
+    return type("OpenEnvRemote", (OpenEnvEnv,), {"bind": classmethod(bind)})
+
+
+@functools.cache
+def _remote_binding(scheme: str, address: str, action_spec: str, ca_file: str, timeout_s: float) -> Binding:
+    tls = _tls_context(ca_file) if scheme == "wss" else None
+    base = f"{'https' if tls else 'http'}://{address}"
+    schema = openenv_action.schema_of_setting(action_spec, _served_schema(base, tls, timeout_s), f"openenv+{base}")
+    if schema is None:
+        raise OpenEnvSetupError(
+            f"the OpenEnv server at {base} serves no action schema at /schema",
+            hint=f"set --{openenv_action.SETTING} pkg.mod:MyAction",
+        )
+    url = f"{scheme}://{address}/ws"
+    return Binding(schema, lambda cfg: Remote(url, cfg.timeout_s, tls))
+
+
+def _served_schema(base: str, tls: ssl.SSLContext | None, timeout_s: float) -> dict[str, Any] | None:
+    """The server's action schema; None when it answers without one; no answer at all is an error."""
     import httpx
 
-    _websockets()  # fail before the first episode when the client is missing
-    base = f"http://{address.rstrip('/')}"
     try:
-        schema = httpx.get(f"{base}/schema", timeout=10.0).raise_for_status().json()["action"]
-    except (httpx.HTTPError, KeyError, ValueError) as exc:
-        port = address.rpartition(":")[2] or "8000"
-        raise ValueError(
-            f"no OpenEnv server answers at {base} ({type(exc).__name__}: {exc}); start the environment's server first, "
-            f"e.g. `uvicorn my_env.server.app:app --host 127.0.0.1 --port {port}` (an app from OpenEnv's "
-            "create_fastapi_app), or fix env.name"
+        with httpx.Client(verify=tls or True, timeout=timeout_s) as client:
+            reply = client.get(f"{base}/schema")
+    except httpx.HTTPError as exc:
+        port = base.rpartition(":")[2] or "8000"
+        raise OpenEnvSetupError(
+            f"no OpenEnv server answers at {base} ({type(exc).__name__}: {exc})",
+            hint=f"start the environment's server first, e.g. `uvicorn my_env.server.app:app --host 127.0.0.1 --port "
+            f"{port}` (an app from OpenEnv's create_fastapi_app), or fix env.name"
+            + ("; a server certificate the system does not trust needs --env.openenv.ca_file" if tls else ""),
         ) from exc
-    url = f"ws://{address.rstrip('/')}/ws"
+    try:
+        schema = reply.json().get("action") if reply.status_code == 200 else None
+    except ValueError:
+        schema = None
+    return schema if isinstance(schema, dict) else None
 
-    def open_backend(self: OpenEnvEnv) -> Backend:
-        return Remote(url, self.cfg.timeout_s)
 
-    return type("OpenEnvRemote", (OpenEnvEnv,), {"action_schema": schema, "open_backend": open_backend})
+def _tls_context(ca_file: str) -> ssl.SSLContext:
+    """The client's TLS context: the system's trust (SSL_CERT_FILE honoured), or the authorities in `ca_file`."""
+    try:
+        return ssl.create_default_context(cafile=ca_file or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise OpenEnvSetupError(f"env.openenv.ca_file = {ca_file!r}: cannot load it ({exc})") from exc

@@ -27,6 +27,7 @@ PREFIXED_SOURCES: dict[str, str] = {
     "reasoning_gym:": "thermik.envs.reasoning_gym:reasoning_gym_env_class",
     "openenv:": "thermik.envs.openenv:openenv_env_class",
     "openenv+ws://": "thermik.envs.openenv:remote_env_class",
+    "openenv+wss://": "thermik.envs.openenv:secure_env_class",
     "verifiers:": "thermik.envs.verifiers:verifiers_env_class",
 }
 """Environment ecosystems by name prefix -> "pkg.mod:function" returning the Env class for the rest of the name

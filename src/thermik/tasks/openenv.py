@@ -15,8 +15,8 @@ from thermik.envs.base import Message
 
 
 def check(env: str) -> None:
-    if env.partition(":")[2].strip("/") in ("", "ws"):
-        raise ValueError("name the OpenEnv environment: openenv:pkg.mod:Class or openenv+ws://host:port")
+    if env.partition(":")[2].strip("/") in ("", "ws", "wss"):
+        raise ValueError("name the OpenEnv environment: openenv:pkg.mod:Class or openenv+ws[s]://host:port")
 
 
 def rows(env: str, n: int, seed: int, split: Split, options: EnvConfig) -> list[dict[str, Any]]:

@@ -99,6 +99,7 @@ PREFIXED_GENERATORS: dict[str, str] = {
     "reasoning_gym:": "thermik.tasks.reasoning_gym",
     "openenv:": "thermik.tasks.openenv",
     "openenv+ws://": "thermik.tasks.openenv",
+    "openenv+wss://": "thermik.tasks.openenv",
     "verifiers:": "thermik.tasks.verifiers",
 }
 """Environment ecosystems by name prefix -> the module of their rows: `check(env)`, `rows(env, n, seed, split,
