@@ -6,8 +6,8 @@
 # no torch. uv goes in too: verifiers' harnesses prepare their model program with `uv` (from PyPI, on first use).
 #
 # Usage: bash scripts/verifiers_venv.sh
-#   venv at $VERIFIERS_VENV (default ~/.cache/thermik/verifiers-venv, where thermik looks; elsewhere, pass
-#   --env.verifiers.python $VERIFIERS_VENV/bin/python)
+#   venv at $VERIFIERS_VENV (default ~/.cache/thermik/verifiers-venv); thermik looks there too (the same variable,
+#   else the default), or wherever --env.verifiers.python points
 set -euo pipefail
 
 venv="${VERIFIERS_VENV:-$HOME/.cache/thermik/verifiers-venv}"

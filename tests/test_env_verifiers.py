@@ -16,13 +16,13 @@ from env_sources import eval_then_rl
 from serving import embedded_engine, running
 
 from thermik.config.schema import EnvConfig, VerifiersConfig
-from thermik.envs.verifiers import DEFAULT_VENV, bridge_for
+from thermik.envs.verifiers import bridge_for, default_venv
 from thermik.inference.base import Generation
 from thermik.rollout.verifiers import Endpoint, trajectory
 from thermik.tasks.registry import generate_rows, make_env
 
 TESTS = Path(__file__).resolve().parent
-VENV_PYTHON = DEFAULT_VENV / "bin" / "python"
+VENV_PYTHON = default_venv() / "bin" / "python"
 needs_venv = pytest.mark.skipif(
     not VENV_PYTHON.is_file(), reason="the verifiers venv is absent: make it with `bash scripts/verifiers_venv.sh`"
 )
@@ -106,6 +106,45 @@ def test_a_trace_whose_tokens_the_engine_never_saw_trains_on_nothing() -> None:
     assert traj.rewards[-1] == 0.5  # the reward is still the episode's
 
 
+def _branch(ids: list[int], mask: list[bool]) -> dict:
+    return {"token_ids": ids, "sampled_mask": mask, "logprobs": [-0.5 if m else 0.0 for m in mask]}
+
+
+def test_every_trainable_branch_becomes_a_sample_and_each_sampled_token_trains_once() -> None:
+    endpoint = Endpoint("", None)
+    endpoint.record([1, 2], Generation([3, 4], [-0.1, -0.2], "stop", 7, [7, 7]))
+    endpoint.record([1, 2, 3, 4, 5], Generation([6], [-0.3], "stop", 7, [7]))
+    endpoint.record([1, 2, 3, 4, 7, 8], Generation([9], [-0.4], "stop", 8, [8]))
+    endpoint.record([10, 11], Generation([12], [-0.5], "stop", 8, [8]))
+    endpoint.record([1, 2], Generation([3, 13], [-0.1, -0.6], "stop", 8, [8, 8]))
+    F, T = False, True
+    trace = {**_trace([], []), "reward": 0.75, "branches": [
+        _branch([1, 2, 3, 4, 5, 6], [F, F, T, T, F, T]),  # the first context: two turns
+        _branch([1, 2, 3, 4, 7, 8, 9], [F, F, T, T, F, F, T]),  # rewritten after the first reply
+        _branch([10, 11, 12], [F, F, T]),  # a fresh context (a compaction's summary)
+        _branch([1, 2, 3, 13], [F, F, T, T]),  # another reply to the first prompt
+    ]}  # fmt: skip
+    head = trajectory(trace, endpoint, 8, group_id=2)
+    samples = head.samples
+    assert [(s.prompt_ids, s.response_ids) for s in samples] == [
+        ([1, 2], [3, 4, 5, 6]), ([1, 2, 3, 4, 7, 8], [9]), ([10, 11], [12]), ([1, 2], [3, 13])
+    ]  # fmt: skip
+    assert [s.loss_mask for s in samples] == [[1, 1, 0, 1], [1], [1], [1, 1]]
+    assert samples[1].rollout_logprobs == [-0.4] and samples[3].weight_versions == [8, 8]
+    assert [s.rewards for s in samples] == [[0.0] * 4, [0.0], [0.0], [0.0, 0.75]] and head.reward == 0.75
+    assert head.env_metrics == {"verifiers_branches": 4.0} and head.num_turns == 5
+    assert all(s.group_id == 2 for s in samples) and not endpoint.sampled
+
+
+def test_a_branch_the_engine_never_saw_trains_on_nothing_and_the_others_still_train() -> None:
+    endpoint = Endpoint("", None)
+    endpoint.record([1, 2], Generation([3], [-0.1], "stop", 7, [7]))
+    trace = {**_trace([], []), "branches": [_branch([1, 2, 3], [False, False, True]),
+                                            _branch([5, 6, 7], [False, False, True])]}  # fmt: skip
+    head = trajectory(trace, endpoint, 8, group_id=0)
+    assert head.env_metrics["prefix_mismatch"] == 1.0 and [s.loss_mask for s in head.samples] == [[1], [0]]
+
+
 def test_a_missing_venv_says_how_to_build_it(tmp_path: Path) -> None:
     options = EnvConfig(name=ECHO, verifiers=VerifiersConfig(python=str(tmp_path / "nope" / "python")))
     with pytest.raises(ValueError, match=r"none at .*nope/python: build it with `bash scripts/verifiers_venv.sh`"):
@@ -159,6 +198,46 @@ def test_a_bridge_gone_mid_episode_fails_the_episode_not_the_run(taskset_path: N
     traj = asyncio.run(episode())
     assert traj.stop_reason == "abort" and traj.env_metrics["env_error"] == 1.0 and traj.reward == 0.0
     assert "bridge exited" in traj.messages[-1]["content"]
+
+
+def _play_one(tiny_model_dir: Path, options: EnvConfig, step_wise: str = "on-break"):
+    """One episode of the echo taskset's first train row, played by verifiers against an embedded engine."""
+    from thermik.assembly.components import load_policy
+    from thermik.config.schema import ModelConfig, RolloutConfig, SamplingConfig
+    from thermik.rollout.agent_loop import LoopLimits
+    from thermik.rollout.verifiers import play
+
+    row = generate_rows(ECHO, 1, 0, "train", options=options)[0]
+    env = make_env(ECHO, reward_spec={}, extra_info=row["extra_info"], options=options)
+    _, chat = load_policy(ModelConfig(path=str(tiny_model_dir)))
+    engine, _ = embedded_engine(tiny_model_dir)
+    limits = LoopLimits.from_config(RolloutConfig(max_generate_length=8, step_wise=step_wise), 2)
+
+    async def episode():
+        try:
+            return await asyncio.wait_for(play(engine, env, chat, row["prompt"], limits, SamplingConfig(), 0, 1), 300)
+        finally:
+            await engine.close()
+
+    return asyncio.run(episode())
+
+
+REWRITE = EnvConfig(name=ECHO, verifiers=VerifiersConfig(env={"agent": {"harness": {"id": "thermik-vf-rewrite"}}}))
+
+
+@needs_venv
+@pytest.mark.slow
+def test_a_trace_whose_conversation_was_rewritten_trains_every_branch(taskset_path: None, tiny_model_dir: Path) -> None:
+    """tests/thermik_vf_rewrite.py restarts the context after the first reply: verifiers records two branches."""
+    traj = _play_one(tiny_model_dir, REWRITE)
+    assert traj.env_metrics["verifiers_branches"] == 2.0 and len(traj.samples) == 2
+    assert "prefix_mismatch" not in traj.env_metrics and "env_error" not in traj.env_metrics
+    for sample in traj.samples:  # each passed the exact-prefix check with the engine's own per-token facts
+        assert sum(sample.loss_mask) > 0 and len(sample.turn_spans) == 1
+        assert {v for v, m in zip(sample.weight_versions, sample.loss_mask, strict=True) if m} == {0}
+    first, second = traj.samples
+    assert traj.num_turns == 2 and len(second.prompt_ids) > len(first.prompt_ids)  # the restarted context quotes
+    assert traj.messages[0]["content"].startswith("Before, you said")  # the first reply; its transcript is the last
 
 
 @needs_venv

@@ -196,8 +196,8 @@ class VerifiersConfig(Section):
     """verifiers v1 environments (`verifiers:<taskset id>`), run in a venv of their own (docs/environments.md)."""
 
     python: str = Field(
-        "", description="Python of the verifiers venv; empty: ~/.cache/thermik/verifiers-venv/bin/python (built by "
-        "scripts/verifiers_venv.sh)."
+        "", description="Python of the verifiers venv; empty: $VERIFIERS_VENV/bin/python, else "
+        "~/.cache/thermik/verifiers-venv/bin/python (where scripts/verifiers_venv.sh builds it)."
     )  # fmt: skip
     env: dict[str, Any] = Field(
         default_factory=dict, description="verifiers EnvConfig fields merged over thermik's defaults (the taskset id "

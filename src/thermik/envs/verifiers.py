@@ -30,9 +30,14 @@ DEFAULT_VENV = Path.home() / ".cache" / "thermik" / "verifiers-venv"
 BUILD_HINT = "build it with `bash scripts/verifiers_venv.sh` (or point env.verifiers.python at a venv with verifiers)"
 
 
+def default_venv() -> Path:
+    """Where scripts/verifiers_venv.sh builds the venv: $VERIFIERS_VENV, else DEFAULT_VENV."""
+    return Path(os.environ.get("VERIFIERS_VENV") or DEFAULT_VENV).expanduser()
+
+
 def venv_python(cfg: VerifiersConfig) -> Path:
     """The verifiers venv's python: the configured one, else the default venv's (scripts/verifiers_venv.sh)."""
-    return Path(cfg.python) if cfg.python else DEFAULT_VENV / "bin" / "python"
+    return Path(cfg.python) if cfg.python else default_venv() / "bin" / "python"
 
 
 def env_config(taskset: str, cfg: VerifiersConfig) -> dict[str, Any]:

@@ -41,6 +41,8 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     for key in ("context_drops", "context_summaries"):
         if any(key in t.env_metrics for t in trajs):
             out[f"context/{key.removeprefix('context_')}"] = fmean(t.env_metrics.get(key, 0.0) for t in trajs)
+    if any("verifiers_branches" in t.env_metrics for t in trajs):  # trainable branches of a verifiers trace
+        out["verifiers/branches_per_episode"] = fmean(t.env_metrics.get("verifiers_branches", 0.0) for t in trajs)
     for env, rs in by_env.items():
         out[f"reward/{env}/mean"] = fmean(rs)
     return out

@@ -7,7 +7,9 @@ trace it returns (token ids, sampled mask, logprobs, reward) becomes a Trajector
 sampled span of the trace, with every token before it, must be exactly a prompt the endpoint received plus the
 completion it returned; the engine's own logprobs and weight versions are then kept per token. A trace that fails
 the check keeps its tokens with the loss mask zeroed (`env_metrics["prefix_mismatch"]`); an episode without a
-trace is an aborted, empty one. docs/environments.md, "verifiers v1".
+trace is an aborted, empty one. Every trainable branch of the trace (a conversation rewritten by compaction or a
+sub-agent has several) becomes a step-wise sample of the episode; `env_metrics["verifiers_branches"]` counts them.
+docs/environments.md, "verifiers v1".
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.envs.verifiers import BridgeError, VerifiersEnv
 from thermik.inference.base import Generation, InferenceEngine
 from thermik.rollout.invariants import check_trajectory
+from thermik.rollout.step_wise import PrefixBreakError
 from thermik.rollout.trajectory import Trajectory
 
 MODEL_NAME = "thermik-policy"
@@ -102,18 +105,72 @@ async def play(
         traj.env_metrics["env_error"] = 1.0
     else:
         traj = trajectory(traces[0], endpoint, engine.weight_version, group_id)
+        if limits.step_wise == "off" and traj.continuations:
+            raise PrefixBreakError(
+                f"a verifiers trace has {len(traj.samples)} trainable branches (its conversation was rewritten, e.g. "
+                "by compaction); set rollout.step_wise = 'on-break' to train each as a sample (docs/algorithms.md)"
+            )
     traj.timings["llm"] = elapsed  # model turns and the harness together: verifiers times them, not thermik
     return traj
 
 
 def trajectory(trace: dict[str, Any], endpoint: Endpoint, version: int, group_id: int) -> Trajectory:
-    """A verifiers trace (its first trainable branch) as a Trajectory, exact-prefix checked against the endpoint."""
-    branch = trace["branches"][0]
+    """A verifiers trace as step-wise samples: one per trainable branch (docs/algorithms.md, 'Step-wise
+    trajectories'), the first carrying the episode and the others as its continuations.
+
+    Branches share the messages before the point where the conversation was rewritten (compaction, a sub-agent, a
+    restarted history): in a later branch the tokens it shares with an earlier one are prompt, so every sampled
+    token trains once. Each sample is exact-prefix checked against the endpoint; the trace's reward lands on the
+    last sampled token of the last sample that has one."""
+    branches, seen, used = trace["branches"], [], set()
+    samples: list[Trajectory] = []
+    for branch in branches:
+        ids, mask = branch["token_ids"], branch["sampled_mask"]
+        start = _first_new_sampled(ids, mask, seen)
+        seen.append(ids)
+        if start < len(ids):
+            samples.append(_branch_sample(branch, start, endpoint, version, group_id, used))
+    for key in used:
+        endpoint.sampled.pop(key, None)
+    head = samples[0] if samples else Trajectory(branches[0]["token_ids"], group_id=group_id)
+    head.continuations, head.messages = samples[1:], trace["messages"]
+    head.env_metrics["verifiers_branches"] = float(len(branches))
+    if [s.env_metrics.pop("prefix_mismatch") for s in samples if "prefix_mismatch" in s.env_metrics]:
+        head.env_metrics["prefix_mismatch"] = 1.0
+    last = next((s for s in reversed(samples) if s.turn_spans), None)
+    if last is not None:
+        last.rewards[last.turn_spans[-1][1] - 1] = float(trace["reward"])
+    head.num_turns = sum(len(s.turn_spans) for s in samples)
+    head.stop_reason = STOP_REASONS.get(trace["stop_condition"] or "", "abort" if trace["errors"] else "stop")
+    if trace["errors"]:
+        head.env_metrics["env_error"] = 1.0
+    return head
+
+
+def _first_new_sampled(ids: list[int], mask: list[bool], earlier: list[list[int]]) -> int:
+    """Where this branch's own sampled tokens start: the first sampled token after the longest token prefix it
+    shares with an earlier branch (backed up to the start of a sampled run the prefix ends inside: two replies to
+    the same prompt are two samples); len(ids) when it samples nothing of its own."""
+    shared = max((_common_prefix(ids, other) for other in earlier), default=0)
+    while 0 < shared < len(ids) and mask[shared] and mask[shared - 1]:
+        shared -= 1
+    return next((i for i in range(shared, len(ids)) if mask[i]), len(ids))
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def _branch_sample(
+    branch: dict[str, Any], first: int, endpoint: Endpoint, version: int, group_id: int, used: set[tuple[int, ...]]
+) -> Trajectory:
+    """The sample of one branch from its token `first` on (the tokens before are its prompt); `used` collects the
+    endpoint's records it matched. A branch whose tokens the engine never saw trains on nothing."""
     ids, mask, trace_logprobs = branch["token_ids"], branch["sampled_mask"], branch["logprobs"]
-    first = mask.index(True) if True in mask else len(ids)
     response = ids[first:]
     spans = _sampled_spans(mask[first:])
-    traj = Trajectory(prompt_ids=ids[:first], response_ids=response, group_id=group_id, messages=trace["messages"])
+    traj = Trajectory(prompt_ids=ids[:first], response_ids=response, group_id=group_id)
     traj.loss_mask = [int(m) for m in mask[first:]]
     traj.rollout_logprobs = [float(x) for x in trace_logprobs[first:]]
     traj.weight_versions = [-1] * len(response)
@@ -121,17 +178,13 @@ def trajectory(trace: dict[str, Any], endpoint: Endpoint, version: int, group_id
     matched = True
     for i, (s, e) in enumerate(spans):
         traj.turn_spans.append((s, e, spans[i + 1][0] if i + 1 < len(spans) else len(response)))
-        engine_side = endpoint.sampled.pop(tuple(ids[: first + e]), None)
+        key = tuple(ids[: first + e])
+        engine_side = endpoint.sampled.get(key)
         if engine_side is None or len(engine_side[0]) != e - s:
             matched = False
             continue
+        used.add(key)
         traj.rollout_logprobs[s:e], traj.weight_versions[s:e] = engine_side
-    if spans:
-        traj.rewards[spans[-1][1] - 1] = float(trace["reward"])
-    traj.num_turns = len(spans)
-    traj.stop_reason = STOP_REASONS.get(trace["stop_condition"] or "", "abort" if trace["errors"] else "stop")
-    if trace["errors"]:
-        traj.env_metrics["env_error"] = 1.0
     if not matched:  # the renderer's tokens are not what the engine saw: keep nothing to train on
         traj.env_metrics["prefix_mismatch"] = 1.0
         traj.loss_mask = [0] * len(response)
