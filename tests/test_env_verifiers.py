@@ -18,6 +18,7 @@ from serving import embedded_engine, running
 from thermik.config.schema import EnvConfig, VerifiersConfig
 from thermik.envs.verifiers import bridge_for, default_venv
 from thermik.inference.base import Generation
+from thermik.rollout.step_wise import PrefixBreakError
 from thermik.rollout.verifiers import Endpoint, trajectory
 from thermik.tasks.registry import generate_rows, make_env
 
@@ -238,6 +239,8 @@ def test_a_trace_whose_conversation_was_rewritten_trains_every_branch(taskset_pa
     first, second = traj.samples
     assert traj.num_turns == 2 and len(second.prompt_ids) > len(first.prompt_ids)  # the restarted context quotes
     assert traj.messages[0]["content"].startswith("Before, you said")  # the first reply; its transcript is the last
+    with pytest.raises(PrefixBreakError, match=r"2 trainable branches.*rollout.step_wise = 'on-break'"):
+        _play_one(tiny_model_dir, REWRITE, step_wise="off")  # one sample per episode was asked for: not silently one
 
 
 @needs_venv

@@ -167,7 +167,8 @@ class OpenEnvConfig(Section):
 
     action_class: str = Field(
         "", description="Action class 'pkg.mod:Class' of an environment that does not name its own: used when "
-        "neither Environment[A, O, S] nor step()'s annotation names one and no OpenEnv app serves its /schema."
+        "neither Environment[A, O, S] nor step()'s annotation names one and no OpenEnv app serves its /schema; one "
+        "that contradicts what the environment or its server declares is refused."
     )  # fmt: skip
     ca_file: str = Field(
         "", description="PEM file of the certificate authorities an openenv+wss:// server is checked against; empty: "

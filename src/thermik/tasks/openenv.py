@@ -1,4 +1,4 @@
-"""Rows of OpenEnv environments (`openenv:pkg.mod:Class`, `openenv+ws://host:port`): one per reset seed.
+"""Rows of OpenEnv environments (`openenv:pkg.mod:Class`, `openenv+ws[s]://host:port`): one per reset seed.
 
 An OpenEnv environment makes its own task at reset, so a row is the configured system prompt plus the reset seed
 (`extra_info.reset.seed`); train seeds are even and eval seeds odd, so the splits never share an episode. There
