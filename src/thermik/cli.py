@@ -72,10 +72,10 @@ def _cmd_rl(cfg: RunConfig) -> None:
     run_rl(cfg)
 
 
-def _cmd_split(argv: list[str]) -> None:
+def _cmd_split(cfg: RunConfig, argv: list[str]) -> None:
     from thermik.runs.split_launch import launch_split
 
-    code = launch_split(_bare_record(argv))
+    code = launch_split(_bare_record(argv), cfg.server)
     if code:
         sys.exit(code)
 
@@ -280,7 +280,7 @@ def _dispatch(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "rl" and "--split" in rest:  # the split run's three processes (runs/split_launch.py)
         rest = [a for a in rest if a != "--split"]
-        return _run_configured(RunConfig, _bare_record(rest), lambda _cfg: _cmd_split(rest), "rl --split")
+        return _run_configured(RunConfig, _bare_record(rest), lambda cfg: _cmd_split(cfg, rest), "rl --split")
     if cmd == "rl":
         return _run_configured(RunConfig, _bare_record(rest), _cmd_rl, "rl")
     if cmd == "replay":
