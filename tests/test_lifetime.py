@@ -15,8 +15,7 @@ import time
 import psutil
 import pytest
 from conftest import cli_env
-
-GONE_WITHIN_S = 10.0
+from orphans import GONE_WITHIN_S, alive, left_after_kill
 
 
 def _driver(code: str) -> tuple[subprocess.Popen[str], list[str]]:
@@ -31,30 +30,6 @@ def _driver(code: str) -> tuple[subprocess.Popen[str], list[str]]:
             return proc, lines
         lines.append(line.strip())
     raise AssertionError(f"the driver exited ({proc.wait()}) before it was ready: {lines}")
-
-
-def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def _kill_and_wait(driver: subprocess.Popen[str], procs: list[psutil.Process]) -> list[str]:
-    """SIGKILL the driver; the command lines of the recorded processes still running GONE_WITHIN_S later."""
-    driver.kill()
-    driver.wait()
-    deadline = time.monotonic() + GONE_WITHIN_S
-    while _alive(procs) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = _alive(procs)
-    for p in left:  # leave nothing behind for the next test
-        p.kill()
-    return [" ".join(p.cmdline())[:120] for p in left]
 
 
 def test_children_started_dying_with_parent_go_with_a_killed_parent_two_levels_down() -> None:
@@ -76,7 +51,7 @@ def test_children_started_dying_with_parent_go_with_a_killed_parent_two_levels_d
     """)
     procs = [psutil.Process(int(pid)) for pid in lines]
     assert procs[0].ppid() == driver.pid and procs[1].ppid() == procs[0].pid
-    assert _kill_and_wait(driver, procs) == []
+    assert left_after_kill(driver, procs) == []
 
 
 def test_the_reaper_ends_recorded_trees_that_outlive_their_killed_parent() -> None:
@@ -92,7 +67,7 @@ def test_the_reaper_ends_recorded_trees_that_outlive_their_killed_parent() -> No
     """)
     procs = psutil.Process(driver.pid).children(recursive=True)
     assert sum(p.name() == "sleep" for p in procs) == 2 and any("lifetime.py" in " ".join(p.cmdline()) for p in procs)
-    assert _kill_and_wait(driver, procs) == []  # the reaper too: its work done, it exits
+    assert left_after_kill(driver, procs) == []  # the reaper too: its work done, it exits
 
 
 def test_the_reaper_leaves_by_itself_when_its_processes_end_first() -> None:
@@ -109,9 +84,9 @@ def test_the_reaper_leaves_by_itself_when_its_processes_end_first() -> None:
         reaper = [p for p in psutil.Process(driver.pid).children() if "lifetime.py" in " ".join(p.cmdline())]
         assert len(reaper) == 1
         deadline = time.monotonic() + GONE_WITHIN_S
-        while _alive(reaper) and time.monotonic() < deadline:
+        while alive(reaper) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _alive(reaper) and driver.poll() is None  # it left while the driver still runs
+        assert not alive(reaper) and driver.poll() is None  # it left while the driver still runs
     finally:
         driver.kill()
         driver.wait()
@@ -135,4 +110,4 @@ def test_a_killed_ray_driver_leaves_no_ray_process() -> None:
     procs = psutil.Process(driver.pid).children(recursive=True)
     names = " ".join(p.name() + " " + " ".join(p.cmdline()) for p in procs)
     assert "raylet" in names and "ray::DashboardAgent" in names and "ray::RuntimeEnvAgent" in names, names
-    assert _kill_and_wait(driver, procs) == []
+    assert left_after_kill(driver, procs) == []
