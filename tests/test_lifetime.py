@@ -56,7 +56,7 @@ def test_children_started_dying_with_parent_go_with_a_killed_parent_two_levels_d
 
 def test_the_reaper_ends_recorded_trees_that_outlive_their_killed_parent() -> None:
     # `sh` and its two `sleep`s know nothing of the driver: only the reaper can end them.
-    driver, lines = _driver("""
+    driver, _ = _driver("""
         import subprocess, time
         from thermik.lifetime import start_reaper
         tree = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600"])

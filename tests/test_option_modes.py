@@ -32,6 +32,7 @@ def _selects_ray(cfg: RunConfig, mode: str) -> None:
 
 
 # Accepted cells: a check of the option's effect on the loaded config, or the test that shows it at work.
+PARITY = "test_guards.py::test_without_the_checksum_the_parity_probe_catches_the_corruption"
 EFFECTS: dict[tuple[str, str], Callable[[RunConfig, str], None] | str] = {
     ("record", "local"): "test_replay.py::test_replay_reproduces_the_recorded_updates_bit_for_bit",
     ("eval.every", "local"): _eval_every_in_plan,
@@ -39,8 +40,8 @@ EFFECTS: dict[tuple[str, str], Callable[[RunConfig, str], None] | str] = {
     ("eval.every", "split"): _eval_every_in_plan,  # and test_process_split.py's three-process run evaluates at step 2
     ("trainer.stale_groups", "local"): "test_async.py::test_overtaken_slow_group_is_dropped_or_cancelled_never_trained",
     ("trainer.stale_groups", "ray"): "test_async.py::test_overtaken_slow_group_is_dropped_or_cancelled_never_trained",
-    ("guards.parity_every", "local"): "test_guards.py::test_without_the_checksum_the_parity_probe_catches_the_corruption",
-    ("guards.parity_every", "ray"): "test_guards.py::test_without_the_checksum_the_parity_probe_catches_the_corruption",
+    ("guards.parity_every", "local"): PARITY,
+    ("guards.parity_every", "ray"): PARITY,
     ("distributed.enabled", "local"): _selects_ray,
     ("distributed.enabled", "ray"): _selects_ray,
     ("inference.backend", "local"): "test_remote_engine.py::test_rl_steps_through_a_thermik_inference_server",

@@ -285,7 +285,8 @@ def _dispatch(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "rl" and "--split" in rest:  # the split run's three processes (runs/split_launch.py)
         rest = [a for a in rest if a != "--split"]
-        return _run_configured(RunConfig, _bare_record(rest), lambda cfg: _cmd_split(cfg, rest), "rl --split", split=True)
+        split_run = lambda cfg: _cmd_split(cfg, rest)  # noqa: E731
+        return _run_configured(RunConfig, _bare_record(rest), split_run, "rl --split", split=True)
     if cmd == "rl":
         return _run_configured(RunConfig, _bare_record(rest), _cmd_rl, "rl", split=False)
     if cmd == "replay":

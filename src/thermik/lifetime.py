@@ -18,6 +18,7 @@ This module runs as the watchdog's script too (`python -I -S lifetime.py`), so i
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
@@ -125,7 +126,7 @@ def _reap(parent_pid: int, roots: list[int]) -> None:
     seen = {pid: start for pid in roots if (start := _start_time(pid)) is not None}
     while True:
         readable, _, _ = select.select([sys.stdin.fileno()], [], [], REAP_POLL_S)
-        if readable and not os.read(sys.stdin.fileno(), 4096) or _start_time(parent_pid) is None:
+        if (readable and not os.read(sys.stdin.fileno(), 4096)) or _start_time(parent_pid) is None:
             break  # EOF: the parent has died (or exited)
         _record(seen)
         if not _alive(seen):
@@ -136,10 +137,8 @@ def _reap(parent_pid: int, roots: list[int]) -> None:
         if not left:
             return
         for pid in left:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
         time.sleep(0.1)
 
 

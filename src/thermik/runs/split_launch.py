@@ -1,9 +1,10 @@
 """`thermik rl @ FILE.toml --split`: the split run's three processes from one command (docs/process_split.md).
 
 Starts `thermik inference`, `thermik trainer` and `thermik orchestrator` on the same arguments, each in a session of
-its own and SIGKILLed by the kernel if the launcher dies however it dies (thermik.lifetime), and streams their output line by line with the process's name as a prefix. The run ends well when the
-trainer and the orchestrator have both exited with 0: the server is then stopped. Any other exit (a non-zero code,
-a signal, the server leaving early) stops the other processes and names the one that ended and why.
+its own and SIGKILLed by the kernel when the launcher dies, however it dies (thermik.lifetime), and streams their
+output line by line with the process's name as a prefix. The run ends well when the trainer and the orchestrator
+have both exited with 0: the server is then stopped. Any other exit (a non-zero code, a signal, the server leaving
+early) stops the other processes and names the one that ended and why.
 """
 
 from __future__ import annotations
