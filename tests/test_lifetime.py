@@ -54,6 +54,23 @@ def test_children_started_dying_with_parent_go_with_a_killed_parent_two_levels_d
     assert left_after_kill(driver, procs) == []
 
 
+def test_a_sandboxed_program_dies_with_the_process_that_runs_it() -> None:
+    """The code sandbox's child (behind `unshare -r` where it works, which clears an inherited parent-death signal)
+    goes with a killed parent, although its wall clock (kept by that parent) is far off."""
+    driver, _ = _driver("""
+        import threading, time
+        from thermik.tasks.code.sandbox_runner import SandboxLimits, run_python
+        limits = SandboxLimits(wall_s=600, cpu_s=600)
+        threading.Thread(target=run_python, args=("import time; time.sleep(600)", limits), daemon=True).start()
+        time.sleep(2)
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    procs = psutil.Process(driver.pid).children(recursive=True)
+    assert any("time.sleep(600)" in " ".join(p.cmdline()) or "resource" in " ".join(p.cmdline()) for p in procs)
+    assert left_after_kill(driver, procs) == []
+
+
 def test_the_reaper_ends_recorded_trees_that_outlive_their_killed_parent() -> None:
     # `sh` and its two `sleep`s know nothing of the driver: only the reaper can end them.
     driver, _ = _driver("""

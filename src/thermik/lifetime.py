@@ -6,12 +6,17 @@
   it for its own children, so a chain (split launcher -> orchestrator -> MCP server) goes down level by level. The
   kernel sends the signal when the *thread* that started the child ends: start such children from a thread that
   lives as long as they should (the main thread, the event loop's).
-- `die_with_parent(parent_pid)`: the same request from inside a Python child (a multiprocessing target).
+- `die_with_parent(parent_pid)`: the same request from inside a Python child (a multiprocessing target), and
+  `die_with_parent_source(parent_pid)` as source code for a child that runs a `-c` bootstrap of its own.
 - `start_reaper(root_pids)`: for processes that other software starts on our behalf and that outlive their own
   parent (Ray's raylet starts agents and workers that survive it). A small watchdog process, in a session of its
   own, records the process trees under `root_pids` every `REAP_POLL_S` while this process lives, and SIGKILLs what
   is left of them as soon as this process has died (its end of a pipe closes). It exits by itself once every
   process it recorded has ended (e.g. after `ray.shutdown()`).
+
+Spawn sites: the split launcher, stdio MCP servers, the code sandbox and `pip download` use the first two; `init_ray`
+the reaper. The verifiers bridge (a process in another venv) needs neither: it stops at the end of its stdin, which
+closes when this process dies, and its env server stops on its own death pipe.
 
 This module runs as the watchdog's script too (`python -I -S lifetime.py`), so it imports only the standard library.
 """
@@ -32,14 +37,20 @@ PR_SET_PDEATHSIG = 1
 REAP_POLL_S = 0.5
 _LINUX = sys.platform.startswith("linux")
 
-# Runs as `python -I -S -c ... PARENT_PID COMMAND ARGS...`: die with the parent (PR_SET_PDEATHSIG survives execve),
-# exit if the parent already went (then we were re-parented before the request), else exec the command.
-_EXEC_WRAPPER = (
-    "import ctypes,os,signal,sys\n"
-    "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGKILL)\n"
-    "os.getppid()==int(sys.argv[1]) or sys.exit('thermik: the parent process exited before this one started')\n"
-    "os.execvp(sys.argv[2],sys.argv[2:])\n"
-)
+
+def die_with_parent_source(parent_pid: int) -> str:
+    """Python source that makes the process running it die with `parent_pid` (its parent), or exit at once if that
+    parent already went (then the process was re-parented before the request took hold). For a child whose command
+    line is built elsewhere (a sandbox's bootstrap); the setting survives execve but not a change of credentials
+    (`unshare -r`), so such a child runs it after that change. Empty where there is no such signal (not Linux)."""
+    if not _LINUX:
+        return ""
+    return (
+        "import ctypes,os,signal,sys\n"
+        f"ctypes.CDLL(None,use_errno=True).prctl({PR_SET_PDEATHSIG},signal.SIGKILL)\n"
+        f"os.getppid()=={parent_pid} or sys.exit('thermik: the parent process exited before this one started')\n"
+    )
+
 
 _reapers: list[subprocess.Popen[bytes]] = []  # kept referenced: their stdin pipe's write end is this process's life
 
@@ -48,7 +59,8 @@ def dying_with_parent(argv: Sequence[str]) -> list[str]:
     """`argv` so that the process it starts is SIGKILLed when this process dies (Linux; elsewhere `argv` as is)."""
     if not _LINUX:
         return list(argv)
-    return [sys.executable, "-I", "-S", "-c", _EXEC_WRAPPER, str(os.getpid()), *argv]
+    wrapper = die_with_parent_source(os.getpid()) + "os.execvp(sys.argv[1],sys.argv[1:])\n"
+    return [sys.executable, "-I", "-S", "-c", wrapper, *argv]
 
 
 def die_with_parent(parent_pid: int) -> None:
