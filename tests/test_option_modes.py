@@ -4,6 +4,7 @@ accepted cell's config is accepted and the option has an effect in that mode (ch
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -85,3 +86,26 @@ def test_the_table_is_documented() -> None:
     section = page[page.index("## Options by run mode") :]
     for rule in OPTION_RULES:
         assert f"`{rule.option}`" in section, rule.option
+
+
+def test_the_split_runs_inference_server_takes_inference_num_threads(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found walking the sections: `thermik inference` (the split run's server) dropped inference.num_threads."""
+    from thermik.config.schema import ServeConfig
+    from thermik.inference.server import run
+
+    seen = {}
+    real = run.load_engine
+
+    def load_and_stop(*args: object, **kwargs: object) -> None:
+        engine, _ = real(*args, **kwargs)
+        seen["threads"] = engine.num_threads
+        asyncio.run(engine.close())
+        raise SystemExit  # before serving
+
+    monkeypatch.setattr(run, "load_engine", load_and_stop)
+    cfg = ServeConfig(model={"path": str(tiny_model_dir)}, inference={"num_threads": 1}, server={"port": 0})
+    with pytest.raises(SystemExit):
+        run.serve(cfg)
+    assert seen == {"threads": 1}

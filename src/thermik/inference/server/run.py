@@ -21,6 +21,7 @@ def load_engine(
     max_batch_size: int = 256,
     seed: int = 0,
     kv_cache_gb: float | None = None,
+    num_threads: int = 0,
 ) -> tuple[Any, Any]:
     """(embedded engine, HF tokenizer) for the model in `model_path`, stopping at the tokenizer's eos and pad.
 
@@ -41,6 +42,7 @@ def load_engine(
         seed=seed,
         detokenize=tokenizer.decode,
         kv_cache_gb=kv_cache_gb,
+        num_threads=num_threads,
     )
     return engine, tokenizer
 
@@ -74,7 +76,13 @@ def serve(cfg: ServeConfig) -> None:
     check_port_free(cfg.server)
     m, inference = cfg.model, cfg.inference
     engine, tokenizer = load_engine(
-        m.path, m.dtype, m.device, inference.max_batch_size, inference.seed, inference.kv_cache_gb
+        m.path,
+        m.dtype,
+        m.device,
+        inference.max_batch_size,
+        inference.seed,
+        inference.kv_cache_gb,
+        inference.num_threads,
     )
     s = cfg.server
     app = build_app(
