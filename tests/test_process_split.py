@@ -174,7 +174,7 @@ def test_inference_trainer_orchestrator_run_from_one_config(tmp_path: Path, tiny
         tmp_path, tiny_model_dir, "split", "reverse_text", train_rows=32, eval_rows=4,
         trainer={"steps": 3, "prompts_per_step": 2, "group_size": 4, "max_off_policy_steps": 1},
         algorithm={"entropy_coef": 0.01},  # a gradient even when every reward of a group is equal
-        eval={"before": False}, split={"wait_timeout_s": 120, "poll_interval_s": 0.05},
+        eval={"before": False, "every": 2}, split={"wait_timeout_s": 120, "poll_interval_s": 0.05},
         monitor={"progress": False, "save_trajectories_every": 0},
     )  # fmt: skip
     config = tmp_path / "split.toml"
@@ -206,6 +206,8 @@ def test_inference_trainer_orchestrator_run_from_one_config(tmp_path: Path, tiny
     trained = _records(layout.trainer_dir / "metrics.jsonl")
     assert [r["step"] for r in trained] == [1, 2, 3] and all(r["off_policy/staleness_max"] <= 1 for r in trained)
     assert json.loads((cfg.run_dir / "eval_after.json").read_text())["n"] == 4
+    evaluated = [r["step"] for r in _records(layout.orchestrator_dir / "metrics.jsonl") if "eval/n" in r]
+    assert evaluated == [2, 3]  # eval.every 2: after step 2 (on the trainer's weights of step 2), and after the last
     assert (cfg.run_dir / "checkpoints" / "step_3").is_dir() and (cfg.run_dir / "export").is_dir()
 
 

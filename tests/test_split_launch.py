@@ -1,5 +1,6 @@
 """`thermik rl @ split.toml --split`: one command starts the inference server, the trainer and the orchestrator, streams
-their logs with a prefix, and when one of them dies stops the other two, naming it."""
+their logs with a prefix, and when one of them dies stops the other two, naming it. A killed launcher leaves none
+of them (nor what they started) running, and a taken port is named before anything starts."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import cli_env, short_rl_config, thermik_argv
+from conftest import cli_env, run_thermik, short_rl_config, thermik_argv
+from orphans import left_after_kill
 
 from thermik.config import dump_toml
 from thermik.runs.split_protocol import SplitLayout, published_steps
@@ -73,3 +75,59 @@ def _zombie(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def _split_config(tmp_path: Path, model_dir: Path, port: int, steps: int = 3) -> Path:
+    cfg = short_rl_config(
+        tmp_path, model_dir, "split", "reverse_text", train_rows=32, eval_rows=2,
+        trainer={"steps": steps, "prompts_per_step": 2, "group_size": 4}, eval={"before": False},
+        split={"wait_timeout_s": 120, "poll_interval_s": 0.05},
+        inference={"base_url": f"http://127.0.0.1:{port}"}, server={"port": port},
+        monitor={"progress": False, "save_trajectories_every": 0},
+    )  # fmt: skip
+    config = tmp_path / "split.toml"
+    config.write_text(dump_toml(cfg))
+    return config
+
+
+@pytest.mark.slow
+def test_a_killed_launcher_leaves_nothing_running(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`kill -9` of the launcher mid-run: the server, the trainer and the orchestrator are gone within 10 s (what
+    they start goes with them: tests/test_lifetime.py), and the server's port is free again."""
+    port = _free_port()
+    config = _split_config(tmp_path, tiny_model_dir, port, steps=50)
+    log = tmp_path / "launcher.log"
+    launcher = subprocess.Popen(
+        thermik_argv("rl", "@", str(config), "--split"), env=cli_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
+    rollouts = SplitLayout(tmp_path / "split").rollouts
+    procs: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not published_steps(rollouts) and time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.1)  # until all three run: the orchestrator has made a step's rollouts on the server
+        assert published_steps(rollouts), log.read_text()
+        procs = psutil.Process(launcher.pid).children(recursive=True)
+        commands = [" ".join(p.cmdline()) for p in procs]
+        for name in ("inference", "trainer", "orchestrator"):
+            assert any(name in c for c in commands), "\n".join(commands)
+    finally:
+        left = left_after_kill(launcher, procs)
+    assert left == []
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # closed connections may wait in TIME_WAIT
+        s.bind(("127.0.0.1", port))  # nothing listens on the server's port
+
+
+def test_a_taken_port_is_named_before_anything_starts(tmp_path: Path, tiny_model_dir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = _split_config(tmp_path, tiny_model_dir, port)
+        for command in (["rl", "@", str(config), "--split"], ["inference", "@", str(config)]):
+            result = run_thermik(*command, timeout=300)
+            assert result.returncode == 1, result.stdout + result.stderr
+            assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+            assert "address already in use" in result.stderr and "--server.port" in result.stderr, result.stderr
+            assert "[split] started" not in result.stdout and "Application shutdown" not in result.stdout

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from thermik.config import ConfigError, dump_toml, format_help, load_config, wants_help
+from thermik.config.modes import check_options, run_mode
 from thermik.config.schema import EvalRunConfig, LLMGeneratorConfig, RunConfig, ServeConfig, SFTConfig
 from thermik.errors import ThermikError
 
@@ -39,7 +40,9 @@ def _run_configured(
     run: Callable[[Any], Any],
     prog: str,
     shared_with: type[BaseModel] | None = None,
+    split: bool | None = None,
 ) -> int:
+    """`split`: a `thermik rl` config, run split (True) or not (False): options its mode does not run are refused."""
     if wants_help(argv):
         print(f"usage: thermik {prog} [@ FILE.toml ...] [--section.key VALUE ...] [--dry-run]\n")
         print(format_help(model_cls))
@@ -47,6 +50,8 @@ def _run_configured(
     dry_run = "--dry-run" in argv
     try:
         cfg = load_config(model_cls, [a for a in argv if a != "--dry-run"], shared_with=shared_with)
+        if split is not None:
+            check_options(cfg, run_mode(cfg, split))
     except ConfigError as e:
         print(f"thermik {prog}: config error: {e}", file=sys.stderr)
         return 2
@@ -72,10 +77,10 @@ def _cmd_rl(cfg: RunConfig) -> None:
     run_rl(cfg)
 
 
-def _cmd_split(argv: list[str]) -> None:
+def _cmd_split(cfg: RunConfig, argv: list[str]) -> None:
     from thermik.runs.split_launch import launch_split
 
-    code = launch_split(_bare_record(argv))
+    code = launch_split(_bare_record(argv), cfg.server)
     if code:
         sys.exit(code)
 
@@ -280,9 +285,10 @@ def _dispatch(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "rl" and "--split" in rest:  # the split run's three processes (runs/split_launch.py)
         rest = [a for a in rest if a != "--split"]
-        return _run_configured(RunConfig, _bare_record(rest), lambda _cfg: _cmd_split(rest), "rl --split")
+        split_run = lambda cfg: _cmd_split(cfg, rest)  # noqa: E731
+        return _run_configured(RunConfig, _bare_record(rest), split_run, "rl --split", split=True)
     if cmd == "rl":
-        return _run_configured(RunConfig, _bare_record(rest), _cmd_rl, "rl")
+        return _run_configured(RunConfig, _bare_record(rest), _cmd_rl, "rl", split=False)
     if cmd == "replay":
         from thermik.runs.record import main as replay_main
 
@@ -299,9 +305,9 @@ def _dispatch(argv: list[str]) -> int:
 
         return _run_configured(TinkerConfig, rest, _cmd_tinker, "tinker")
     if cmd == "trainer":
-        return _run_configured(RunConfig, rest, _cmd_trainer, "trainer")
+        return _run_configured(RunConfig, rest, _cmd_trainer, "trainer", split=True)
     if cmd == "orchestrator":
-        return _run_configured(RunConfig, rest, _cmd_orchestrator, "orchestrator")
+        return _run_configured(RunConfig, rest, _cmd_orchestrator, "orchestrator", split=True)
     if cmd == "model":
         return _cmd_model(rest)
     if cmd == "synthesize":

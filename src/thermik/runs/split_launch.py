@@ -1,9 +1,10 @@
 """`thermik rl @ FILE.toml --split`: the split run's three processes from one command (docs/process_split.md).
 
 Starts `thermik inference`, `thermik trainer` and `thermik orchestrator` on the same arguments, each in a session of
-its own, and streams their output line by line with the process's name as a prefix. The run ends well when the
-trainer and the orchestrator have both exited with 0: the server is then stopped. Any other exit (a non-zero code,
-a signal, the server leaving early) stops the other processes and names the one that ended and why.
+its own and SIGKILLed by the kernel when the launcher dies, however it dies (thermik.lifetime), and streams their
+output line by line with the process's name as a prefix. The run ends well when the trainer and the orchestrator
+have both exited with 0: the server is then stopped. Any other exit (a non-zero code, a signal, the server leaving
+early) stops the other processes and names the one that ended and why.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+
+from thermik.config.schema import ServerConfig
+from thermik.inference.server.run import check_port_free
+from thermik.lifetime import dying_with_parent
 
 PROCESSES = ("inference", "trainer", "orchestrator")
 FINISHERS = frozenset({"trainer", "orchestrator"})  # the run is over when both exit with 0
@@ -32,8 +37,10 @@ class Child:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=3))  # its last lines, for the stop message
 
 
-def launch_split(argv: list[str]) -> int:
-    """Run the three processes on `argv` (a config's `@ FILE` and overrides); returns the exit code of the run."""
+def launch_split(argv: list[str], server: ServerConfig) -> int:
+    """Run the three processes on `argv` (a config's `@ FILE` and overrides; `server`: its [server] section);
+    returns the exit code of the run. A taken server.port is refused before anything starts."""
+    check_port_free(server)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # a stopped launcher stops its children
     children: list[Child] = []
     try:
@@ -46,7 +53,7 @@ def launch_split(argv: list[str]) -> int:
 
 def _start(name: str, argv: list[str]) -> Child:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "thermik.cli", name, *argv],
+        dying_with_parent([sys.executable, "-m", "thermik.cli", name, *argv]),  # SIGKILLed when the launcher dies
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

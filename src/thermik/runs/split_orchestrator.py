@@ -3,8 +3,9 @@
 Per step s: wait until the trainer has published weights of a step >= s - max_off_policy_steps, have the server
 load every newer weight directory in order (POST /update_weights), sample the step's groups (rewards come from
 the environments), and publish the collated batch as `rollouts/step_<s>`. Advantages are computed by the trainer:
-estimators may need the critic's values or the reference's logprobs, which live there. Held-out evaluation runs
-before the first and after the last step, on the server.
+estimators may need the critic's values or the reference's logprobs, which live there. Held-out evaluation runs on
+the server before the first step, after every `eval.every` steps (on the trainer's weights of that step, which the
+orchestrator waits for) and after the last step.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ class OrchestratorMode(Mode):
         return await rl_step(self, step)
 
     async def evaluate(self, label: str) -> EvalResult:
+        if label.startswith("step_"):  # eval.every: the policy after that many updates, as `thermik rl` evaluates
+            await load_new_weights(self, int(label.removeprefix("step_")), 0)
         return await evaluate_held_out(self.rollout_ctx, label, self.cfg.run_dir)
 
     async def stop(self) -> None:
@@ -193,17 +196,23 @@ def staleness(orch: OrchestratorMode, step: int, trajs: list[Trajectory]) -> lis
     return out
 
 
-async def orchestrate(cfg: RunConfig) -> dict[str, Any]:
-    orch = await setup_orchestrator(cfg)
-    plan = LoopPlan(
+def orchestrator_plan(cfg: RunConfig, fresh: bool) -> LoopPlan:
+    """The orchestrator's loop: evaluations before (on a `fresh` start), every eval.every steps and after."""
+    return LoopPlan(
         title=f"orchestrator {cfg.env.name}",
         steps=cfg.trainer.steps,
-        eval_before=cfg.eval.before and orch.run.start_step == 0 and orch.weight_step == 0,
+        eval_before=cfg.eval.before and fresh,
+        eval_every=cfg.eval.every,
         eval_after=True,
         checkpoint=False,
         samples_per_step=cfg.trainer.prompts_per_step * cfg.trainer.group_size,
         progress=cfg.monitor.progress,
     )
+
+
+async def orchestrate(cfg: RunConfig) -> dict[str, Any]:
+    orch = await setup_orchestrator(cfg)
+    plan = orchestrator_plan(cfg, fresh=orch.run.start_step == 0 and orch.weight_step == 0)
     try:
         result = await run_loop(orch, orch.run, plan)
         return {"before": result["before"], "after": result["after"], "weight_step": orch.weight_step}

@@ -15,7 +15,7 @@ Faults never raise out of `call_tool`: a timeout, a dead server, a protocol erro
 ToolResult(is_error=True). A connection that died (or stopped answering pings after a
 timeout) is retired in the background and a fresh one is started on the next call. Calls per
 connection are bounded by a semaphore; outputs are cut to `max_output_chars`. On Linux a stdio
-server is started through a tiny exec wrapper that sets PR_SET_PDEATHSIG, so it dies with us
+server is started through thermik.lifetime's exec wrapper (PR_SET_PDEATHSIG), so it dies with us
 even when we are SIGKILLed (the SDK already starts it in its own process group and kills that
 group on close).
 """
@@ -41,6 +41,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
+from thermik.lifetime import dying_with_parent
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_STARTUP_TIMEOUT_S = 30.0
@@ -50,14 +52,6 @@ DEFAULT_MAX_CONCURRENT_CALLS = 32
 """In-flight calls per server connection; more wait their turn."""
 _PING_TIMEOUT_S = 2.0
 _CLOSE_TIMEOUT_S = 10.0
-
-# Runs as `python -I -S -c ...`: die with the parent (PR_SET_PDEATHSIG survives execve), then exec the server.
-_PDEATHSIG_WRAPPER = (
-    "import ctypes,os,signal,sys\n"
-    "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGKILL)\n"
-    "os.getppid()==int(sys.argv[1]) or sys.exit('thermik: parent exited before the MCP server started')\n"
-    "os.execvp(sys.argv[2],sys.argv[2:])\n"
-)
 
 
 @dataclass(frozen=True)
@@ -92,8 +86,8 @@ class ServerSpec:
         # A relative path ('.venvs/x/bin/server') means ours, not the server's cwd.
         command = os.path.abspath(self.command) if os.sep in self.command else self.command
         args = [fill(a) for a in self.args]
-        if kill_with_parent and sys.platform.startswith("linux"):
-            command, args = sys.executable, ["-I", "-S", "-c", _PDEATHSIG_WRAPPER, str(os.getpid()), command, *args]
+        if kill_with_parent:
+            command, *args = dying_with_parent([command, *args])
         env = {k: fill(v) for k, v in self.env} or None
         cwd = fill(self.cwd) if self.cwd else None
         # "replace": a stray non-UTF-8 byte on the wire costs one bad line, not the whole connection.

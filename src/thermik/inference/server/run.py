@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 from pathlib import Path
 from typing import Any
 
-from thermik.config.schema import ServeConfig
+from thermik.config.schema import ServeConfig, ServerConfig
+from thermik.errors import ThermikError
 
 KEEP_ALIVE_S = 30  # uvicorn's default 5 s closes pooled client connections between RL steps
 
@@ -18,6 +21,7 @@ def load_engine(
     max_batch_size: int = 256,
     seed: int = 0,
     kv_cache_gb: float | None = None,
+    num_threads: int = 0,
 ) -> tuple[Any, Any]:
     """(embedded engine, HF tokenizer) for the model in `model_path`, stopping at the tokenizer's eos and pad.
 
@@ -38,8 +42,30 @@ def load_engine(
         seed=seed,
         detokenize=tokenizer.decode,
         kv_cache_gb=kv_cache_gb,
+        num_threads=num_threads,
     )
     return engine, tokenizer
+
+
+class PortInUseError(ThermikError):
+    """The server's port is taken: named with the setting that moves it."""
+
+
+def check_port_free(server: ServerConfig) -> None:
+    """Raise PortInUseError when server.host:server.port cannot be bound (before any model is loaded)."""
+    if server.port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in server.host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT does not count
+        try:
+            sock.bind((server.host, server.port))
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                raise
+            raise PortInUseError(
+                f"server.port {server.port} on {server.host} is in use (address already in use)",
+                hint="stop what listens there or set --server.port to a free port (and inference.base_url to match)",
+            ) from err
 
 
 def serve(cfg: ServeConfig) -> None:
@@ -47,9 +73,16 @@ def serve(cfg: ServeConfig) -> None:
 
     from thermik.inference.server.app import build_app
 
+    check_port_free(cfg.server)
     m, inference = cfg.model, cfg.inference
     engine, tokenizer = load_engine(
-        m.path, m.dtype, m.device, inference.max_batch_size, inference.seed, inference.kv_cache_gb
+        m.path,
+        m.dtype,
+        m.device,
+        inference.max_batch_size,
+        inference.seed,
+        inference.kv_cache_gb,
+        inference.num_threads,
     )
     s = cfg.server
     app = build_app(

@@ -1,7 +1,8 @@
 """Run untrusted Python in a child process with limits. Used by the `python_sandbox` MCP server.
 
 What is enforced, and how (docs/environments.md says the same):
-- wall clock: the child's whole process group is killed after `wall_s`;
+- wall clock: the child's whole process group is killed after `wall_s`, and the child is SIGKILLed when the
+  process running it dies (thermik.lifetime), so nothing outlives the clock's keeper;
 - CPU: RLIMIT_CPU (the kernel sends SIGXCPU, then SIGKILL);
 - memory: RLIMIT_AS (allocations beyond it fail with MemoryError);
 - output: stdout/stderr go to files capped by RLIMIT_FSIZE and are cut to `max_output_chars`;
@@ -28,6 +29,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from thermik.lifetime import die_with_parent_source
 
 MAX_CODE_CHARS = 100_000
 _MB = 1024 * 1024
@@ -123,7 +126,9 @@ def run_python(code: str, limits: SandboxLimits) -> RunResult:
         logs.mkdir()
         (work / "main.py").write_text(code, encoding="utf-8")
         rlimits = (limits.cpu_s, limits.memory_mb * _MB, limits.max_file_mb * _MB)
-        argv = [sys.executable, "-I", "-B", "-c", _BOOTSTRAP, *map(str, rlimits)]
+        # Dies with this process (the wall clock is enforced here), set after `unshare -r`, which would clear it.
+        bootstrap = die_with_parent_source(os.getpid()) + _BOOTSTRAP
+        argv = [sys.executable, "-I", "-B", "-c", bootstrap, *map(str, rlimits)]
         if network_namespace_available():
             argv = [shutil.which("unshare") or "unshare", "-rn", *argv]
         env = {"HOME": str(work), "TMPDIR": str(work), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
