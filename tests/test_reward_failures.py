@@ -123,19 +123,26 @@ def test_rewards_of_a_source_that_never_answered_fail_the_run():
     assert "rewards.judge.base_url" in exc.value.hint and exc.value.exit_code == 3
 
 
+def _two_group_steps(tmp_path, model_dir, name: str, steps: int):
+    """A `thermik rl` config of `steps` steps of 2 groups of 2 reverse_text episodes, no evaluation before."""
+    from conftest import short_rl_config
+
+    return short_rl_config(
+        tmp_path, model_dir, name, "reverse_text",
+        trainer={"steps": steps, "prompts_per_step": 2, "group_size": 2}, eval={"before": False, "size": 2},
+    )  # fmt: skip
+
+
 @pytest.mark.slow
 def test_a_run_whose_judge_answers_500_trains_nothing_and_exits_3(tiny_model_dir, tmp_path):
     """`thermik rl` as a user runs it, against a real judge server on loopback that answers every chat request with
     a 500: no step is trained (each skips its update), the first failure is printed once, each step warns, and the
     run ends with exit code 3 and one line naming the settings; no traceback."""
-    from conftest import run_thermik, short_rl_config
+    from conftest import run_thermik
 
     from thermik.config.loader import dump_toml
 
-    cfg = short_rl_config(
-        tmp_path, tiny_model_dir, "judge-500", "reverse_text",
-        trainer={"steps": 2, "prompts_per_step": 2, "group_size": 2}, eval={"before": False, "size": 2},
-    )  # fmt: skip
+    cfg = _two_group_steps(tmp_path, tiny_model_dir, "judge-500", steps=2)
     (tmp_path / "rl.toml").write_text(dump_toml(cfg))
     state: dict = {}
     with running(_judge_server(state, status=500)) as url:
@@ -160,14 +167,9 @@ def test_a_run_whose_judge_answers_500_trains_nothing_and_exits_3(tiny_model_dir
 
 @pytest.mark.slow
 def test_max_unscored_steps_stops_the_run_at_the_step(tiny_model_dir, tmp_path):
-    from conftest import short_rl_config
-
     from thermik.runs.local import run_rl
 
-    cfg = short_rl_config(
-        tmp_path, tiny_model_dir, "judge-stop", "reverse_text",
-        trainer={"steps": 3, "prompts_per_step": 2, "group_size": 2}, eval={"before": False, "size": 2},
-    )  # fmt: skip
+    cfg = _two_group_steps(tmp_path, tiny_model_dir, "judge-stop", steps=3)
     state: dict = {}
     with running(_judge_server(state, status=400)) as url:
         judge = JudgeConfig(base_url=url, template=RUBRIC)

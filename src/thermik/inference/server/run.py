@@ -18,8 +18,11 @@ def load_engine(
     max_batch_size: int = 256,
     seed: int = 0,
     kv_cache_gb: float | None = None,
+    precision: str = "model",
 ) -> tuple[Any, Any]:
-    """(embedded engine, HF tokenizer) for the model in `model_path`, stopping at the tokenizer's eos and pad.
+    """(embedded engine, HF tokenizer) for the model in `model_path`, stopping at the tokenizer's eos and pad,
+    sampling in `precision` (cpu/precision.py's rule; `thermik inference` passes inference.precision, as every run
+    mode does).
 
     The one place the server builds its engine (tests use it too).
     """
@@ -38,8 +41,18 @@ def load_engine(
         seed=seed,
         detokenize=tokenizer.decode,
         kv_cache_gb=kv_cache_gb,
+        precision=precision,
     )
     return engine, tokenizer
+
+
+def serve_engine(cfg: ServeConfig) -> tuple[Any, Any]:
+    """(engine, tokenizer) of `thermik inference` for `cfg`: its model in inference.precision, the precision a
+    `thermik rl` of the same config samples in locally."""
+    m, inference = cfg.model, cfg.inference
+    return load_engine(
+        m.path, m.dtype, m.device, inference.max_batch_size, inference.seed, inference.kv_cache_gb, inference.precision
+    )
 
 
 def serve(cfg: ServeConfig) -> None:
@@ -47,10 +60,7 @@ def serve(cfg: ServeConfig) -> None:
 
     from thermik.inference.server.app import build_app
 
-    m, inference = cfg.model, cfg.inference
-    engine, tokenizer = load_engine(
-        m.path, m.dtype, m.device, inference.max_batch_size, inference.seed, inference.kv_cache_gb
-    )
+    engine, tokenizer = serve_engine(cfg)
     s = cfg.server
     app = build_app(
         engine,
