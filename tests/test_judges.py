@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 import threading
 
@@ -163,6 +164,26 @@ def test_reward_model_scores_final_responses_and_composes_with_the_env_reward(re
     rows = [{"prompt": e.prompt, "reward_spec": {"ground_truth": e.ground_truth}} for e in episodes]
     asyncio.run(rewards.apply(trajs, rows))
     assert [t.reward for t in trajs] == pytest.approx([2.0 + 0.5 * s for s in scores], abs=1e-5)
+
+
+def test_a_reward_model_scoring_nan_leaves_its_groups_unscored(reward_model_dir):
+    """Broken weights (a NaN score head): every score is NaN, so no episode is answered; the run's verdict names
+    rewards.reward_model.path."""
+    from thermik.errors import NothingDoneError
+
+    rewards = build_model_rewards(RewardsConfig(reward_model=RewardModelConfig(path=str(reward_model_dir))))
+    scorer = rewards.scorers[0][2]
+    with torch.no_grad():
+        scorer.model.score.weight.fill_(float("nan"))
+    trajs = [Trajectory(prompt_ids=[1], response_ids=[4], loss_mask=[1], rewards=[1.0], group_id=0) for _ in range(2)]
+    for traj, e in zip(trajs, _episodes(2), strict=True):
+        traj.messages = [*e.prompt, *e.response]
+    metrics = asyncio.run(rewards.apply(trajs, [{"prompt": _episodes(1)[0].prompt, "reward_spec": {}}]))
+    assert metrics["reward_model/nonfinite"] == 2 and metrics["rewards/unscored_groups"] == 1
+    assert all(t.unscored for t in trajs) and all(math.isfinite(t.reward) for t in trajs)
+    with pytest.raises(NothingDoneError, match=r"rewards\.reward_model never answered") as exc:
+        rewards.check_answered()
+    assert "rewards.reward_model.path" in exc.value.hint
 
 
 def _train_judge(tiny_model_dir, out, rows) -> None:

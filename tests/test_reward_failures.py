@@ -180,3 +180,25 @@ def test_max_unscored_steps_stops_the_run_at_the_step(tiny_model_dir, tmp_path):
     assert len(state["models"]) == 2 * 2 * 2, "two steps of 2 x 2 episodes, then the stop"
     logged = [json.dumps(r) for r in read_metrics(tmp_path / "judge-stop") if "time/step" in r]
     assert len(logged) == 1, "the first step is logged; the second stops before its update"
+
+
+def test_an_empty_batch_crosses_the_split_files_and_skips_the_update(tiny_model_dir, tmp_path):
+    """A step whose every group was unscored collates to a batch of no rows; the split protocol carries it and the
+    learner of every mode skips the update: parameters and optimizer state stay as they are."""
+    import torch
+
+    from thermik.assembly import components
+    from thermik.runs.split_protocol import load_batch, save_batch
+    from thermik.training.batch import collate
+    from thermik.training.learner import build_learner, train_on_batch
+
+    cfg = _two_group_steps(tmp_path, tiny_model_dir, "empty", steps=1)
+    policy, chat = components.load_policy(cfg.model)
+    learner = build_learner(cfg, policy, chat.tokenizer)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    save_batch(collate([], None, 0), tmp_path)
+    batch = load_batch(tmp_path)
+    metrics, seconds = asyncio.run(train_on_batch(learner, batch, 0, rollout_is_behaviour=False))
+    assert len(batch) == 0 and metrics == {"health/skipped_update": 1.0, "batch/empty": 1.0} and seconds == 0.0
+    assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
+    assert not learner.optimizer.state, "no optimizer step was taken"
