@@ -177,7 +177,8 @@ def test_auto_precision_follows_the_cpu_level(monkeypatch: pytest.MonkeyPatch, c
         monkeypatch.setattr(precision, "capabilities", lambda caps=caps: caps)
         model = precision.apply_precision(tiny_model("qwen2"), "auto")
         assert next(model.parameters()).dtype == expected, level
-        assert f"thermik embedded engine: {str(expected).removeprefix('torch.')} (the CPU is {level} (simulated" in (
+        dtype = str(expected).removeprefix("torch.")
+        assert f"thermik embedded engine: {dtype} (inference.precision = 'auto' and the CPU is {level} (simulated" in (
             capsys.readouterr().err
         )
 

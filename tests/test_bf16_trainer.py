@@ -227,7 +227,7 @@ def test_default_run_is_bf16_on_a_bf16_cpu(
     assert res.returncode == 0, res.stderr[-3000:]
     reason = f"the CPU is {caps.describe()}: native bfloat16 dot products"
     assert f"thermik trainer: bf16-mixed ({reason})" in res.stderr
-    assert f"thermik embedded engine: bfloat16 ({reason})" in res.stderr
+    assert f"thermik embedded engine: bfloat16 (inference.precision = 'auto' and {reason})" in res.stderr
     rows = [json.loads(line) for line in (tmp_path / "default" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "mismatch/logprob_abs_diff" in r]
     assert len(steps) == 2 and all(0 < r["mismatch/logprob_abs_diff"] < 0.5 for r in steps), steps

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 import threading
 
@@ -63,6 +64,11 @@ def _judge_app(reply: str, state: dict, delay_s: float = 0.0, fail_first: int = 
     return app
 
 
+def _scored(scorer, episodes: list[Episode]) -> tuple[list[float], dict[str, float]]:
+    scores = asyncio.run(scorer.score(episodes))
+    return scores.values, scores.metrics
+
+
 def _judge(url: str, **overrides) -> Judge:
     return Judge(JudgeConfig(base_url=url, model="judge", retry_backoff_s=0.01, failure_value=-1.0, **overrides))
 
@@ -71,13 +77,13 @@ def test_scores_parse_cache_and_concurrency_cap():
     state: dict = {}
     with running(_judge_app("Looks right. Score: 8", state, delay_s=0.05)) as url:
         judge = _judge(url, concurrency=2)
-        scores, metrics = asyncio.run(judge.score(_episodes(6)))
+        scores, metrics = _scored(judge, _episodes(6))
         assert (
             scores == [0.8] * 6 and metrics["judge/failures"] == 0 and metrics["judge/score_mean"] == pytest.approx(0.8)
         )
         assert state["max_in_flight"] <= 2
         assert "reverse w3" in state["prompts"][0] or any("3w" in p for p in state["prompts"])
-        again, metrics = asyncio.run(judge.score(_episodes(6)))
+        again, metrics = _scored(judge, _episodes(6))
         assert again == scores and metrics["judge/cache_hits"] == 6 and metrics["judge/requests"] == 0
         assert state["requests"] == 6
 
@@ -89,7 +95,7 @@ def test_scores_parse_cache_and_concurrency_cap():
 def test_failures_give_the_configured_value_and_are_counted(reply, delay_s, cause):
     state: dict = {}
     with running(_judge_app(reply, state, delay_s=delay_s)) as url:
-        scores, metrics = asyncio.run(_judge(url, timeout_s=0.3, retries=1).score(_episodes(3)))
+        scores, metrics = _scored(_judge(url, timeout_s=0.3, retries=1), _episodes(3))
     assert scores == [-1.0] * 3
     assert metrics["judge/failures"] == 3 and metrics[f"judge/{cause}"] == 3
     if cause == "timeout":
@@ -100,14 +106,14 @@ def test_a_server_that_is_down_gives_the_configured_value():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed when the block ends: nothing listens there
-    scores, metrics = asyncio.run(_judge(f"http://127.0.0.1:{port}", retries=2).score(_episodes(2)))
+    scores, metrics = _scored(_judge(f"http://127.0.0.1:{port}", retries=2), _episodes(2))
     assert scores == [-1.0, -1.0] and metrics["judge/unreachable"] == 2 and metrics["judge/retries"] == 4
 
 
 def test_a_503_is_retried_then_scored():
     state: dict = {}
     with running(_judge_app("Score: 4", state, fail_first=1)) as url:
-        scores, metrics = asyncio.run(_judge(url, concurrency=1).score(_episodes(2)))
+        scores, metrics = _scored(_judge(url, concurrency=1), _episodes(2))
     assert scores == [0.4, 0.4] and metrics["judge/retries"] == 1 and metrics["judge/failures"] == 0
 
 
@@ -145,7 +151,7 @@ def test_reward_model_scores_final_responses_and_composes_with_the_env_reward(re
     rewards = build_model_rewards(cfg)
     scorer = rewards.scorers[0][2]
     episodes = _episodes(3)
-    scores, metrics = asyncio.run(scorer.score(episodes))
+    scores, metrics = _scored(scorer, episodes)
     assert metrics["reward_model/score_mean"] == pytest.approx(sum(scores) / 3)
     alone = [scorer._score([scorer.text(e)])[0] for e in episodes]  # one by one, no padding
     assert scores == pytest.approx(alone, abs=1e-5) and len(set(scores)) == 3
@@ -158,6 +164,26 @@ def test_reward_model_scores_final_responses_and_composes_with_the_env_reward(re
     rows = [{"prompt": e.prompt, "reward_spec": {"ground_truth": e.ground_truth}} for e in episodes]
     asyncio.run(rewards.apply(trajs, rows))
     assert [t.reward for t in trajs] == pytest.approx([2.0 + 0.5 * s for s in scores], abs=1e-5)
+
+
+def test_a_reward_model_scoring_nan_leaves_its_groups_unscored(reward_model_dir):
+    """Broken weights (a NaN score head): every score is NaN, so no episode is answered; the run's verdict names
+    rewards.reward_model.path."""
+    from thermik.errors import NothingDoneError
+
+    rewards = build_model_rewards(RewardsConfig(reward_model=RewardModelConfig(path=str(reward_model_dir))))
+    scorer = rewards.scorers[0][2]
+    with torch.no_grad():
+        scorer.model.score.weight.fill_(float("nan"))
+    trajs = [Trajectory(prompt_ids=[1], response_ids=[4], loss_mask=[1], rewards=[1.0], group_id=0) for _ in range(2)]
+    for traj, e in zip(trajs, _episodes(2), strict=True):
+        traj.messages = [*e.prompt, *e.response]
+    metrics = asyncio.run(rewards.apply(trajs, [{"prompt": _episodes(1)[0].prompt, "reward_spec": {}}]))
+    assert metrics["reward_model/nonfinite"] == 2 and metrics["rewards/unscored_groups"] == 1
+    assert all(t.unscored for t in trajs) and all(math.isfinite(t.reward) for t in trajs)
+    with pytest.raises(NothingDoneError, match=r"rewards\.reward_model never answered") as exc:
+        rewards.check_answered()
+    assert "rewards.reward_model.path" in exc.value.hint
 
 
 def _train_judge(tiny_model_dir, out, rows) -> None:
@@ -205,7 +231,8 @@ def test_three_rl_steps_rewarded_by_a_judge_served_by_thermik_inference(tiny_mod
         "--server.served_model_name", "judge",
     )  # fmt: skip
     try:
-        judge = {"base_url": url, "model": "judge", "template": SHORT_RUBRIC, "max_tokens": 8, "weight": 1.0}
+        # no rewards.judge.model: the judge sends the name the server's /v1/models lists ("judge")
+        judge = {"base_url": url, "template": SHORT_RUBRIC, "max_tokens": 8, "weight": 1.0}
         run_rl(cfg.model_copy(update={"rewards": RewardsConfig(env_weight=0.5, judge=JudgeConfig(**judge))}))
     finally:
         proc.terminate()
@@ -262,9 +289,10 @@ def test_asynchronous_training_judges_its_groups_and_logs_every_request(tiny_mod
 
 
 @pytest.mark.slow
-def test_a_step_goes_on_when_the_judge_server_is_down(tiny_model_dir, tmp_path):
+def test_a_judge_server_that_is_down_trains_nothing_and_fails_the_run(tiny_model_dir, tmp_path):
     from conftest import short_rl_config
 
+    from thermik.errors import NothingDoneError
     from thermik.runs.local import run_rl
 
     with socket.socket() as sock:
@@ -276,8 +304,11 @@ def test_a_step_goes_on_when_the_judge_server_is_down(tiny_model_dir, tmp_path):
     )  # fmt: skip
     judge = JudgeConfig(base_url=f"http://127.0.0.1:{port}", model="judge", retries=1, retry_backoff_s=0.01,
                         failure_value=0.25)  # fmt: skip
-    run_rl(cfg.model_copy(update={"rewards": RewardsConfig(env_weight=0.0, judge=judge)}))
+    with pytest.raises(NothingDoneError, match=r"rewards\.judge never answered") as exc:
+        run_rl(cfg.model_copy(update={"rewards": RewardsConfig(env_weight=0.0, judge=judge)}))
+    assert "did not answer (ConnectError" in str(exc.value)
     (step,) = [r for r in read_metrics(tmp_path / "judge-down") if "judge/failures" in r]
     assert step["judge/failures"] == 4 and step["judge/unreachable"] == 4 and step["judge/retries"] == 4
-    assert step["reward/mean"] == pytest.approx(0.25), "every episode scored the configured value"
-    assert "policy/loss" in step, "the update ran"
+    assert step["reward/mean"] == pytest.approx(0.25), "every episode holds the configured value, logged"
+    assert step["rewards/unscored_groups"] == 2 and step["health/skipped_update"] == 1
+    assert "policy/loss" not in step, "no group was trained on the failure value"

@@ -38,7 +38,8 @@ def test_smollm2_example_runs_in_float32_on_simulated_avx2(tmp_path: Path) -> No
         ["/usr/bin/time", "-v", "bash", str(script), "--quick"], env=env, capture_output=True, text=True, timeout=3600
     )
     assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
-    assert "thermik embedded engine: float32 (the CPU is avx2 (simulated by THERMIK_CPU_ISA" in res.stderr
+    engine = "thermik embedded engine: float32 (inference.precision = 'auto' and the CPU is avx2 (simulated by THERMIK"
+    assert engine in res.stderr
     assert "thermik trainer: float32 (the CPU is avx2 (simulated by THERMIK_CPU_ISA" in res.stderr
     assert "after GRPO" in res.stdout and (tmp_path / "runs" / "smollm2-rl" / "eval_after.json").is_file()
     peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", res.stderr).group(1))

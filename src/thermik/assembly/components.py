@@ -74,7 +74,9 @@ def export_policy(policy: torch.nn.Module, chat: ChatTokenizer, out: Path) -> No
     chat.tokenizer.save_pretrained(out)
 
 
-def _embedded_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig) -> InferenceEngine:
+def _embedded_engine(
+    policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig, precision_asked_by: str | None = None
+) -> InferenceEngine:
     """The engine owns its own copy of the weights (LoRA merged in); the trainer pushes updates into it."""
     engine_model = plain_copy(policy).eval()
     for p in engine_model.parameters():
@@ -90,6 +92,7 @@ def _embedded_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: Inferenc
         num_threads=cfg.num_threads,
         kv_cache_gb=cfg.kv_cache_gb,
         precision=cfg.precision,
+        precision_asked_by=precision_asked_by,
     )
 
 
@@ -133,10 +136,15 @@ ENGINES: dict[str, Callable[[torch.nn.Module, ChatTokenizer, InferenceConfig], I
 }
 
 
-def build_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig) -> InferenceEngine:
-    """The engine named by `cfg.backend`, from the ENGINES table."""
+def build_engine(
+    policy: torch.nn.Module, chat: ChatTokenizer, cfg: InferenceConfig, precision_asked_by: str | None = None
+) -> InferenceEngine:
+    """The engine named by `cfg.backend`, from the ENGINES table. `precision_asked_by`: the embedded engine's
+    cfg.precision follows another setting than inference.precision (SFT's held-out check: the trainer's)."""
     if cfg.backend not in ENGINES:
         raise ValueError(f"unknown inference.backend {cfg.backend!r}; valid backends: {', '.join(ENGINES)}")
+    if precision_asked_by is not None and cfg.backend == "embedded":
+        return _embedded_engine(policy, chat, cfg, precision_asked_by)
     return ENGINES[cfg.backend](policy, chat, cfg)
 
 

@@ -556,7 +556,7 @@ class JudgeConfig(Section):
 
     base_url: str = Field("", description="Server root 'http://host:port' (thermik inference, vLLM, any OpenAI-"
                           "compatible API; /v1/chat/completions is appended); empty: no judge.")  # fmt: skip
-    model: str = Field("", description="Model name sent with each request.")
+    model: str = Field("", description="Model name sent with each request; empty: the first one /v1/models lists.")
     api_key: str = Field("", description="Bearer API key; empty sends none.")
     weight: float = Field(1.0, description="Weight of the judge's score in the episode's return.")
     template: str = Field(
@@ -576,7 +576,8 @@ class JudgeConfig(Section):
     concurrency: int = Field(8, ge=1, description="Requests in flight at once.")
     failure_value: float = Field(
         0.0, description="Score of an episode whose judging failed (timeout, server down, error, no score in the "
-        "reply); each failure is counted in judge/failures and judge/<cause>."
+        "reply); each failure is counted in judge/failures and judge/<cause>, the first is printed. A group whose "
+        "every episode failed is not trained (rewards/unscored_groups)."
     )  # fmt: skip
 
     @field_validator("score_pattern")
@@ -613,6 +614,11 @@ class RewardsConfig(Section):
     env_weight: float = Field(1.0, description="Weight of the environment's (rule) reward.")
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="LLM judge with a rubric.")
     reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig, description="Reward model.")
+    max_unscored_steps: int = Field(
+        0, ge=0, description="Stop the run after this many steps in a row in which the judge or reward model scored "
+        "no group (groups a source answered none of are never trained); 0: never stop early (a run in which a source "
+        "never answered still fails at its end)."
+    )  # fmt: skip
 
 
 class CheckpointConfig(Section):

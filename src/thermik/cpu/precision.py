@@ -1,6 +1,9 @@
-"""Which floating-point precision the embedded engine runs in, and why (one log line says it).
+"""Which floating-point precision the embedded engine samples in, and why (one log line says it).
 
-`resolve_precision(name)` maps a configured name to a torch dtype:
+`resolve_precision(name, ...)` is the one rule every run mode follows (local, `--split`'s inference server, Ray's
+engine actors, `thermik eval`, `thermik inference`, and SFT's held-out check, which asks for its trainer's
+precision): it maps a configured name to a torch dtype and a reason that names what asked for it, e.g.
+"inference.precision = 'auto' and the CPU is avx512_bf16 (x86_64): native bfloat16 dot products":
 
 - "model": whatever dtype the model was loaded in;
 - "float32" / "bfloat16": that dtype (bfloat16 on a CPU whose bfloat16 ops cannot run is refused when the config is
@@ -45,6 +48,14 @@ def auto_pinned_to_float32() -> bool:
     return value == "float32"
 
 
+def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:
+    """(dtype, reason) that "auto" takes on `device`: bfloat16 where it has native bfloat16 arithmetic."""
+    if device.type == "cuda":
+        ok = torch.cuda.is_bf16_supported()
+        return (torch.bfloat16, "the GPU supports bfloat16") if ok else (torch.float32, "the GPU lacks bfloat16")
+    return cpu_auto_dtype()
+
+
 def cpu_auto_dtype() -> tuple[torch.dtype, str]:
     """(dtype, reason) that "auto" takes on this CPU."""
     if auto_pinned_to_float32():
@@ -55,27 +66,26 @@ def cpu_auto_dtype() -> tuple[torch.dtype, str]:
     return torch.float32, f"the CPU is {caps.describe()}: no native bfloat16 dot products (avx512_bf16 or amx)"
 
 
-def resolve_precision(name: str, model_dtype: torch.dtype, device: torch.device) -> tuple[torch.dtype, str]:
-    """(dtype, reason) for the configured precision `name`; unknown names fail listing the valid ones."""
+def resolve_precision(
+    name: str, model_dtype: torch.dtype, device: torch.device, asked_by: str | None = None
+) -> tuple[torch.dtype, str]:
+    """(dtype, reason) for the precision `name`; unknown names fail listing the valid ones. `asked_by` says what
+    asked for `name` (default: "inference.precision = <name>"); the reason starts with it."""
     if name not in PRECISIONS:
         raise ValueError(f"unknown precision {name!r}; valid precisions: {', '.join(PRECISIONS)}")
+    asked = asked_by or f"inference.precision = {name!r}"
     if name == "model":
-        return model_dtype, "the model's own dtype (precision 'model')"
+        return model_dtype, f"{asked}: the model's own dtype"
     if name in PACKED_PRECISIONS:
-        return torch.float32, f"precision {name!r} was asked for (float32 activations, {name} projection weights)"
+        return torch.float32, f"{asked}: float32 activations, {name} projection weights"
     if name == "bfloat16" and device.type == "cpu":
         check_bf16("inference.precision", name, "cpu")  # a library caller skips the config's check
         if not capabilities().bf16_native:
-            return (
-                torch.bfloat16,
-                "precision 'bfloat16' was asked for; without avx512_bf16 or amx it is slower than float32",
-            )
+            return torch.bfloat16, f"{asked}; without avx512_bf16 or amx it is slower than float32"
     if name != "auto":
-        return getattr(torch, name), f"precision {name!r} was asked for"
-    if device.type == "cuda":
-        ok = torch.cuda.is_bf16_supported()
-        return (torch.bfloat16, "the GPU supports bfloat16") if ok else (torch.float32, "the GPU lacks bfloat16")
-    return cpu_auto_dtype()
+        return getattr(torch, name), asked
+    dtype, why = auto_dtype(device)
+    return dtype, f"{asked} and {why}"
 
 
 def projection_formats(name: str, dtype: torch.dtype, device: torch.device) -> tuple[str, ...]:
@@ -90,10 +100,10 @@ def projection_formats(name: str, dtype: torch.dtype, device: torch.device) -> t
     return {"auto": ("blas", "float32", "bf16"), "float32": ("blas", "float32")}.get(name, ("blas",))
 
 
-def apply_precision(model: torch.nn.Module, name: str) -> torch.nn.Module:
-    """Cast `model` in place to the resolved precision and log which one runs and why."""
+def apply_precision(model: torch.nn.Module, name: str, asked_by: str | None = None) -> torch.nn.Module:
+    """Cast `model` in place to the resolved precision and log which one runs and why (`resolve_precision`)."""
     param = next(model.parameters())
-    dtype, reason = resolve_precision(name, param.dtype, param.device)
+    dtype, reason = resolve_precision(name, param.dtype, param.device, asked_by)
     if dtype != param.dtype:
         model.to(dtype)
     line = f"thermik embedded engine: {str(dtype).removeprefix('torch.')} ({reason})"

@@ -20,7 +20,7 @@ from thermik.data.sampler import PromptSampler
 from thermik.inference.base import InferenceEngine
 from thermik.rollout.agent_loop import EnvFactory, LoopLimits, rollout_rows
 from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, write_eval, write_records
-from thermik.rollout.model_rewards import ModelRewards
+from thermik.rollout.model_rewards import ModelRewards, merge_metrics
 from thermik.rollout.records import trajectory_record
 from thermik.rollout.trajectory import Trajectory
 
@@ -40,30 +40,39 @@ class RolloutContext:
 
 
 async def sample_groups(ctx: RolloutContext, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
-    """(all sampled trajectories, the training batch, metrics). With DAPO dynamic sampling the batch keeps only
-    groups whose rewards differ: `filter` samples up to dynamic_sampling_max_rounds more rounds of prompts to
-    fill prompts_per_step groups, `replace` duplicates kept groups instead."""
+    """(all sampled trajectories, the training batch, metrics). The batch leaves out groups no model reward source
+    scored (`Trajectory.unscored`). With DAPO dynamic sampling the batch keeps only groups whose rewards differ:
+    `filter` samples up to dynamic_sampling_max_rounds more rounds of prompts to fill prompts_per_step groups,
+    `replace` duplicates kept groups instead."""
     cfg, alg = ctx.cfg, ctx.cfg.algorithm
     want = cfg.trainer.prompts_per_step
     extra_rounds = alg.dynamic_sampling_max_rounds if alg.dynamic_sampling == "filter" else 0
     sampled: list[Trajectory] = []
-    reward_metrics: dict[str, float] = {}
+    reward_metrics: list[dict[str, float]] = []
     for r in range(1 + extra_rounds):
         assert ctx.sampler is not None, "sampling training groups needs the training rows"
         rows = ctx.sampler.next_batch(want)
         seed = cfg.seed * 1_000_003 + step * 10_007 + r * 7_919
-        new, reward_metrics = await play_rows(ctx, rows, seed)
+        new, metrics = await play_rows(ctx, rows, seed)
+        reward_metrics.append(metrics)
         for t in new:
             t.group_id += r * want  # group ids stay unique across rounds
         sampled += new
-        if alg.dynamic_sampling == "none" or _groups_with_signal(sampled) >= want:
+        if alg.dynamic_sampling == "none" or _groups_with_signal(scored(sampled)) >= want:
             break
     if alg.dynamic_sampling == "none":
-        return sampled, sampled, reward_metrics
-    picks = select_groups(*_rewards_and_groups(sampled), want, alg.dynamic_sampling)
-    batch = [dataclasses.replace(sampled[i], group_id=g) for i, g in picks] or sampled[-want * cfg.trainer.group_size :]
-    groups = len({g for _, g in picks})
-    return sampled, batch, {**reward_metrics, "batch/groups_kept": float(groups), "batch/rollout_rounds": float(r + 1)}
+        return sampled, scored(sampled), merge_metrics(reward_metrics)
+    candidates = scored(sampled)
+    picks = select_groups(*_rewards_and_groups(candidates), want, alg.dynamic_sampling) if candidates else []
+    batch = [dataclasses.replace(candidates[i], group_id=g) for i, g in picks]
+    batch = batch or candidates[-want * cfg.trainer.group_size :]
+    extra = {"batch/groups_kept": float(len({g for _, g in picks})), "batch/rollout_rounds": float(r + 1)}
+    return sampled, batch, {**merge_metrics(reward_metrics), **extra}
+
+
+def scored(trajs: list[Trajectory]) -> list[Trajectory]:
+    """The trajectories to train: those of groups the model reward sources scored."""
+    return [t for t in trajs if not t.unscored]
 
 
 async def play_rows(ctx: RolloutContext, rows: list[dict[str, Any]], seed: int) -> tuple[list[Trajectory], dict]:
@@ -81,6 +90,8 @@ def _rewards_and_groups(trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Te
 
 
 def _groups_with_signal(trajs: list[Trajectory]) -> int:
+    if not trajs:
+        return 0
     rewards, group_ids = _rewards_and_groups(trajs)
     return len(set(group_ids[~zero_variance_rows(rewards, group_ids)].tolist()))
 

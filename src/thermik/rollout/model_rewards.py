@@ -8,20 +8,37 @@ episode; the episode's return becomes
 
 where the environment's per-turn rewards are scaled by env_weight in place and the weighted scores are added on
 the episode's last sampled token (its last sample's, for step-wise episodes).
+
+A source that answered no episode of a group (its judge calls all failed, its reward model scored NaN) leaves
+the group unscored: its return would be the failure value, not a score, so the group is sampled and logged but
+not trained (`Trajectory.unscored`, `rewards/unscored_groups`; a step left with no group skips its update). Each
+such step prints a warning; `rewards.max_unscored_steps` steps in a row with every group unscored stop the run,
+and a run in which a source never answered ends with NothingDoneError naming the source's settings.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Protocol
 
 from thermik.config.schema import RewardsConfig
-from thermik.rollout.judge import Episode, Judge
+from thermik.errors import NothingDoneError
+from thermik.rollout.judge import Episode, Judge, Scores
 from thermik.rollout.trajectory import Trajectory
+
+FAILURE_CAUSES = ("timeout", "unreachable", "unparsable", "no_model", "nonfinite", "http_")  # judge/<cause> keys
 
 
 class Scorer(Protocol):
-    async def score(self, episodes: list[Episode]) -> tuple[list[float], dict[str, float]]: ...
+    setting: str  # its config section, e.g. "rewards.judge"
+    first_failure: str | None  # what its first unanswered episode met
+
+    async def score(self, episodes: list[Episode]) -> Scores: ...
+
+    def hint(self) -> str:
+        """Which settings to check when it never answers."""
+        ...
 
 
 def episode_of(traj: Trajectory, row: dict[str, Any]) -> Episode:
@@ -49,7 +66,11 @@ class ModelRewards:
     def __init__(self, cfg: RewardsConfig, scorers: list[tuple[str, float, Scorer]]) -> None:
         self.env_weight = cfg.env_weight
         self.scorers = scorers
+        self.max_unscored_steps = cfg.max_unscored_steps
         self.unlogged: list[dict[str, float]] = []  # metrics of groups the async producer scored, until a step logs
+        self.asked = dict.fromkeys((name for name, _, _ in scorers), 0)  # episodes given to each source this run
+        self.answered = dict.fromkeys((name for name, _, _ in scorers), 0)  # and those it scored
+        self.unscored_steps = 0  # steps in a row whose every group was unscored
 
     def take_unlogged(self) -> dict[str, float]:
         """The merged metrics of the `apply` calls made since the last take (asynchronous training)."""
@@ -63,14 +84,73 @@ class ModelRewards:
         episodes = [episode_of(t, rows[t.group_id]) for t in trajs]
         totals = [0.0] * len(trajs)
         metrics: dict[str, float] = {}
-        for _, weight, scorer in self.scorers:
-            scores, scorer_metrics = await scorer.score(episodes)
-            metrics.update(scorer_metrics)
-            totals = [total + weight * s for total, s in zip(totals, scores, strict=True)]
+        unscored: set[int] = set()
+        for name, weight, scorer in self.scorers:
+            scores = await scorer.score(episodes)
+            metrics.update(scores.metrics)
+            self.asked[name] += len(episodes)
+            self.answered[name] += sum(scores.answered)
+            totals = [total + weight * s for total, s in zip(totals, scores.values, strict=True)]
+            unscored |= unanswered_groups(trajs, scores.answered)
         for traj, extra in zip(trajs, totals, strict=True):
             add_final_reward(traj, self.env_weight, extra)
+            traj.unscored = traj.group_id in unscored
+        metrics["rewards/groups"] = float(len({t.group_id for t in trajs}))
+        metrics["rewards/unscored_groups"] = float(len(unscored))
         metrics["time/model_rewards"] = time.perf_counter() - t0
         return metrics
+
+    def after_step(self, step: int, metrics: dict[str, float]) -> None:
+        """The step's verdict on its model rewards (metrics: the step's, merged): a warning naming the causes when
+        groups went unscored; NothingDoneError after rewards.max_unscored_steps steps in a row with every group
+        unscored."""
+        unscored, groups = metrics.get("rewards/unscored_groups", 0.0), metrics.get("rewards/groups", 0.0)
+        self.unscored_steps = self.unscored_steps + 1 if groups and unscored >= groups else 0
+        if not unscored:
+            return
+        print(
+            f"thermik: step {step + 1}: {self.sources()} scored no episode of {unscored:g} of {groups:g} groups "
+            f"({failure_counts(metrics)}); those groups are not trained (rewards/unscored_groups)",
+            file=sys.stderr,
+            flush=True,
+        )
+        if self.max_unscored_steps and self.unscored_steps >= self.max_unscored_steps:
+            raise NothingDoneError(
+                f"{self.unscored_steps} steps in a row trained nothing: {self.sources()} scored no group "
+                f"({self.first_failures()})",
+                hint=f"{self.hints()}; rewards.max_unscored_steps = {self.max_unscored_steps} stopped the run",
+            )
+
+    def check_answered(self) -> None:
+        """The run's verdict: NothingDoneError when a source was asked and never answered."""
+        for name, _, scorer in self.scorers:
+            if self.asked[name] and not self.answered[name]:
+                raise NothingDoneError(
+                    f"{scorer.setting} never answered: none of the run's {self.asked[name]} episodes got a score, "
+                    f"so no group was trained (the first failure: {scorer.first_failure})",
+                    hint=scorer.hint(),
+                )
+
+    def sources(self) -> str:
+        return " and ".join(scorer.setting for _, _, scorer in self.scorers)
+
+    def first_failures(self) -> str:
+        return "; ".join(f"{s.setting}: {s.first_failure}" for _, _, s in self.scorers if s.first_failure)
+
+    def hints(self) -> str:
+        return "; ".join(scorer.hint() for _, _, scorer in self.scorers)
+
+
+def unanswered_groups(trajs: list[Trajectory], answered: list[bool]) -> set[int]:
+    """The group ids none of whose episodes a source answered."""
+    groups = {t.group_id for t in trajs}
+    return groups - {t.group_id for t, ok in zip(trajs, answered, strict=True) if ok}
+
+
+def failure_counts(metrics: dict[str, float]) -> str:
+    """'judge/http_400 8, judge/retries 0'-style counts of the failure causes in `metrics`."""
+    keys = sorted(k for k in metrics if k.partition("/")[2].startswith(FAILURE_CAUSES))
+    return ", ".join(f"{k} {metrics[k]:g}" for k in keys) or "no cause counted"
 
 
 def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:

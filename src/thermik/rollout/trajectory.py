@@ -36,6 +36,9 @@ class Trajectory:
     """Per turn (start, end_sampled, end_observation) offsets into response_ids, for the prefix check."""
     messages: list[dict[str, Any]] = field(default_factory=list)
     """The conversation as text, for dumps and debugging only (never re-tokenized)."""
+    unscored: bool = False
+    """A model reward source ([rewards]) answered no episode of this one's group: sampled and logged, never trained
+    (rollout/model_rewards.py)."""
     continuations: list[Trajectory] = field(default_factory=list)
     """Step-wise samples after this one, in order: each starts where the episode's next prompt stopped extending the
     tokens before it (rollout.step_wise). They carry only token fields, turn_spans and group_id; the episode's

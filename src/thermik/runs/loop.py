@@ -77,6 +77,8 @@ async def run_loop(mode: Mode, run: Run, plan: LoopPlan) -> dict[str, Any]:
     await mode.start()
     last = await _steps(mode, run, plan)
     await mode.stop()
+    if run.rollout is not None and run.rollout.rewards is not None:
+        run.rollout.rewards.check_answered()  # a reward source that never answered: nothing was trained (exit 3)
     after = None
     if plan.eval_after:
         after = await mode.evaluate("after")

@@ -11,6 +11,8 @@ import asyncio
 import json
 from typing import Any
 
+import torch
+
 from thermik.assembly import components
 from thermik.atomic import publish_dir
 from thermik.config.schema import InferenceConfig, SamplingConfig, SFTConfig
@@ -95,10 +97,9 @@ class SFTMode(Mode):
         if self.engine is None:
             # The check samples with the current weights, pushed into an engine of its own, in the trainer's
             # precision: bfloat16 beside a bf16-mixed trainer, the model's dtype beside a plain one.
-            precision = "bfloat16" if self.autocast is not None else "model"
-            self.engine = components.build_engine(
-                self.model, self.chat, InferenceConfig(seed=self.cfg.seed, precision=precision)
-            )
+            precision, asked_by = held_out_precision(self.cfg.model.train_precision, self.autocast)
+            inference = InferenceConfig(seed=self.cfg.seed, precision=precision)
+            self.engine = components.build_engine(self.model, self.chat, inference, precision_asked_by=asked_by)
         await self.engine.update_weights(components.engine_weights(self.model))
         sampling = SamplingConfig(temperature=self.cfg.eval_temperature)
         play = engine_player(self.engine, self.make_env, self.chat, self.limits, sampling)
@@ -117,6 +118,15 @@ class SFTMode(Mode):
     def export(self) -> None:
         """run_dir/model, atomically (complete or absent): the merged model, with LoRA also its adapter/."""
         publish_dir(self.cfg.run_dir / "model", lambda tmp: components.export_policy(self.model, self.chat, tmp))
+
+
+def held_out_precision(train_precision: str, autocast: torch.dtype | None) -> tuple[str, str]:
+    """(inference precision, what asked for it) of the held-out check: the trainer's precision, which
+    model.train_precision chose (`autocast`: bfloat16 under bf16-mixed, None for the model's dtype)."""
+    setting = f"(model.train_precision = {train_precision!r})"
+    if autocast is not None:
+        return "bfloat16", f"the held-out check samples in the trainer's precision, bf16-mixed {setting}"
+    return "model", f"the held-out check samples in the trainer's precision {setting}"
 
 
 async def _sft(cfg: SFTConfig) -> dict[str, Any]:

@@ -59,7 +59,7 @@ class OrchestratorMode(Mode):
         t0 = time.perf_counter()
         sampled, trajs, metrics = await sample_groups(self.rollout_ctx, step)
         t_generate = time.perf_counter() - t0
-        stale = staleness(self, step, trajs)
+        stale = staleness(self, step, sampled)  # all of them: the batch may be empty (groups left unscored)
         if max(stale) > cfg.trainer.max_off_policy_steps:  # the admission rule makes this impossible; say so if not
             raise RuntimeError(f"step {step}: staleness {max(stale)} > trainer.max_off_policy_steps")
         metrics = {

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from thermik.inference.embedded import EmbeddedEngine
-from thermik.rollout.context import RolloutContext, dump_step_trajectories, play_rows, sample_groups
+from thermik.rollout.context import RolloutContext, dump_step_trajectories, play_rows, sample_groups, scored
 from thermik.rollout.group_producer import GroupProducer
 from thermik.rollout.metrics import rollout_metrics
 from thermik.rollout.trajectory import Trajectory
@@ -64,8 +64,11 @@ def make_rollout(
     ctx: RolloutContext, step: int, sampled: list[Trajectory], trajs: list[Trajectory], metrics: dict[str, float]
 ) -> Rollout:
     """The Rollout of episodes sampled in this process in `metrics["time/generate"]` seconds: dumps them when due,
-    collates the training batch `trajs` (all of `sampled`, or the groups dynamic sampling kept)."""
+    collates the training batch `trajs` (the scored groups of `sampled`, or those dynamic sampling kept; none left:
+    an empty batch, whose update is skipped), and has the model rewards judge the step."""
     dump_step_trajectories(ctx, step, sampled)
+    if ctx.rewards is not None:
+        ctx.rewards.after_step(step, metrics)
     batch = collate(trajs, None, ctx.chat.tokenizer.pad_token_id or 0)
     tokens = sum(t.num_generated_tokens for t in sampled)
     metrics = {**rollout_metrics(sampled), **metrics}
@@ -92,7 +95,7 @@ async def produced_rollout(ctx: RolloutContext, producer: GroupProducer, step: i
         for traj in group.trajectories:
             traj.group_id = group_id
     trajs = [t for g in groups for t in g.trajectories]
-    return make_rollout(ctx, step, trajs, trajs, {**metrics, "time/generate": time.perf_counter() - t0})
+    return make_rollout(ctx, step, trajs, scored(trajs), {**metrics, "time/generate": time.perf_counter() - t0})
 
 
 def start_producer(ctx: RolloutContext) -> GroupProducer:

@@ -166,8 +166,11 @@ async def train_on_batch(
     """Advantages, then the policy (and critic) update, on one collated batch; returns (metrics, update seconds).
 
     rollout_is_behaviour: the batch was sampled by older weights (asynchronous training), so the rollout logprobs
-    are the behaviour policy of the PPO ratio.
+    are the behaviour policy of the PPO ratio. A batch of no rows (every group of the step left out, e.g. unscored by
+    its model rewards) skips the update: the weights and the optimizer state stay as they are.
     """
+    if len(batch) == 0:
+        return {"health/skipped_update": 1.0, "batch/empty": 1.0}, 0.0
     skipped = _nonfinite_inputs(learner, batch)
     if skipped is not None:
         return skipped, 0.0

@@ -22,8 +22,11 @@ import torch
 
 from thermik.config.schema import AlgorithmConfig, TrainerConfig
 from thermik.models.loading import load_model, load_tokenizer
+from thermik.models.served import first_served_model
 from thermik.training.batch import TokenBatch
 from thermik.training.update import logprobs_no_grad
+
+TEACHER_MODEL = "algorithm.teacher_model"
 
 
 class Teacher(Protocol):
@@ -61,7 +64,7 @@ class ServerTeacher:
         gate = asyncio.Semaphore(self.concurrency)
         try:
             async with httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers) as client:
-                model = self.model or await self._first_model(client)
+                model = self.model = self.model or await first_served_model(client, self.base_url, TEACHER_MODEL)
                 scored = await asyncio.gather(*(self._score(client, gate, model, ids) for ids in rows))
         except httpx.TransportError as exc:  # down, refused, timed out: distillation cannot go on without it
             raise RuntimeError(
@@ -73,11 +76,6 @@ class ServerTeacher:
         for i, values in enumerate(scored):
             out[i, : len(values)] = torch.tensor(values)
         return out
-
-    async def _first_model(self, client: httpx.AsyncClient) -> str:
-        reply = await client.get(f"{self.base_url}/v1/models")
-        reply.raise_for_status()
-        return reply.json()["data"][0]["id"]
 
     async def _score(self, client: httpx.AsyncClient, gate: asyncio.Semaphore, model: str, ids: list[int]) -> list:
         body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}

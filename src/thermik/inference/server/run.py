@@ -22,8 +22,11 @@ def load_engine(
     seed: int = 0,
     kv_cache_gb: float | None = None,
     num_threads: int = 0,
+    precision: str = "model",
 ) -> tuple[Any, Any]:
-    """(embedded engine, HF tokenizer) for the model in `model_path`, stopping at the tokenizer's eos and pad.
+    """(embedded engine, HF tokenizer) for the model in `model_path`, stopping at the tokenizer's eos and pad,
+    sampling in `precision` (cpu/precision.py's rule; `thermik inference` passes inference.precision, as every run
+    mode does).
 
     The one place the server builds its engine (tests use it too).
     """
@@ -43,6 +46,7 @@ def load_engine(
         detokenize=tokenizer.decode,
         kv_cache_gb=kv_cache_gb,
         num_threads=num_threads,
+        precision=precision,
     )
     return engine, tokenizer
 
@@ -68,22 +72,29 @@ def check_port_free(server: ServerConfig) -> None:
             ) from err
 
 
-def serve(cfg: ServeConfig) -> None:
-    import uvicorn
-
-    from thermik.inference.server.app import build_app
-
-    check_port_free(cfg.server)
+def serve_engine(cfg: ServeConfig) -> tuple[Any, Any]:
+    """(engine, tokenizer) of `thermik inference` for `cfg`: its model in inference.precision, the precision a
+    `thermik rl` of the same config samples in locally."""
     m, inference = cfg.model, cfg.inference
-    engine, tokenizer = load_engine(
+    return load_engine(
         m.path,
         m.dtype,
         m.device,
         inference.max_batch_size,
         inference.seed,
         inference.kv_cache_gb,
-        inference.num_threads,
+        num_threads=inference.num_threads,
+        precision=inference.precision,
     )
+
+
+def serve(cfg: ServeConfig) -> None:
+    import uvicorn
+
+    from thermik.inference.server.app import build_app
+
+    check_port_free(cfg.server)
+    engine, tokenizer = serve_engine(cfg)
     s = cfg.server
     app = build_app(
         engine,
