@@ -67,13 +67,21 @@ async def sample_groups(ctx: RolloutContext, step: int) -> tuple[list[Trajectory
 
 
 async def play_rows(ctx: RolloutContext, rows: list[dict[str, Any]], seed: int) -> tuple[list[Trajectory], dict]:
-    """A group of episodes per row on ctx.engine, with the model rewards of [rewards] folded in (their metrics)."""
-    cfg = ctx.cfg
+    """A group of episodes per row on ctx.engine, with the model rewards of [rewards] folded in (their metrics). A row
+    whose prompt exceeds rollout.max_input_length yields no group; `skipped_metrics` counts it."""
+    cfg, too_long = ctx.cfg, list[int]()
     trajs = await rollout_rows(
-        ctx.engine, ctx.make_env, ctx.chat, rows, cfg.trainer.group_size, ctx.limits, cfg.rollout.sampling, seed
-    )
-    metrics = await ctx.rewards.apply(trajs, rows) if ctx.rewards is not None else {}
-    return trajs, metrics
+        ctx.engine, ctx.make_env, ctx.chat, rows, cfg.trainer.group_size, ctx.limits, cfg.rollout.sampling, seed,
+        too_long,
+    )  # fmt: skip
+    metrics = await ctx.rewards.apply(trajs, rows) if ctx.rewards is not None and trajs else {}
+    return trajs, {**metrics, **skipped_metrics(len(rows), too_long)}
+
+
+def skipped_metrics(rows: int, too_long: list[int]) -> dict[str, float]:
+    """problems/played and problems/skipped (prompts over rollout.max_input_length), with the longest skipped."""
+    out = {"problems/played": float(rows - len(too_long)), "problems/skipped": float(len(too_long))}
+    return out | ({"problems/longest_skipped": float(max(too_long))} if too_long else {})
 
 
 def _rewards_and_groups(trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:

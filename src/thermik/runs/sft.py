@@ -14,14 +14,16 @@ from typing import Any
 from thermik.assembly import components
 from thermik.atomic import publish_dir
 from thermik.config.schema import InferenceConfig, SamplingConfig, SFTConfig
-from thermik.data.conversations import DataOrder, encode_all, load_conversations
+from thermik.data.conversations import DataOrder, Example, encode_all, load_conversations, trains, truncate
 from thermik.data.dataset import load_rows
 from thermik.inference.base import InferenceEngine
+from thermik.models.context_window import context_window
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, write_records
 from thermik.runs.build import Run, open_run, resume_logger
 from thermik.runs.held_out_stop import HeldOutStop
 from thermik.runs.loop import LoopPlan, Mode, run_loop
+from thermik.runs.verdict import sft_verdict
 from thermik.tasks.registry import generate_rows
 from thermik.training.checkpoint import CheckpointManager
 from thermik.training.optim import build_optimizer
@@ -35,8 +37,9 @@ class SFTMode(Mode):
     def __init__(self, run: Run, cfg: SFTConfig) -> None:
         assert run.policy is not None
         self.run, self.cfg, self.model, self.chat = run, cfg, run.policy, run.chat
-        rows = load_conversations(cfg.train_path)
-        self.examples = encode_all(self.chat, rows, cfg.max_length, cfg.env.render_tools, cfg.train_roles)
+        full = encode_all(self.chat, load_conversations(cfg.train_path), 0, cfg.env.render_tools, cfg.train_roles)
+        self.examples = truncate(full, cfg.max_length)
+        check_sft_data(cfg, full, self.examples)
         self.order = DataOrder(len(self.examples), cfg.seed)
         self.pack_tokens = (cfg.pack_length or cfg.max_length) if cfg.packing else 0
         self.micro_batch_tokens = cfg.micro_batch_tokens or auto_micro_batch_tokens(self.model, cfg.max_length)
@@ -50,7 +53,9 @@ class SFTMode(Mode):
             if cfg.eval_path
             else generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval", options=cfg.env)
         )
-        self.limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
+        self.limits = LoopLimits.from_config(
+            cfg.rollout, cfg.env.max_turns, context_window(cfg.model.path, run.chat.tokenizer)
+        )
         self.result: dict[str, Any] = {"steps": 0, "success": None, "reward": None}
         self.held_out_stop = HeldOutStop.from_config(cfg)
         self._resume()
@@ -117,6 +122,18 @@ class SFTMode(Mode):
     def export(self) -> None:
         """run_dir/model, atomically (complete or absent): the merged model, with LoRA also its adapter/."""
         publish_dir(self.cfg.run_dir / "model", lambda tmp: components.export_policy(self.model, self.chat, tmp))
+
+
+def check_sft_data(cfg: SFTConfig, full: list[Example], cut: list[Example]) -> None:
+    """Before any step: some conversation keeps a trained token after the cut to max_length (else NothingDoneError);
+    warns when many lost theirs (failures.max_skipped_share)."""
+    lost = [f for f, c in zip(full, cut, strict=True) if trains(f) and not trains(c)]
+    counts = {"conversations/kept": float(sum(map(trains, cut))), "conversations/cut": float(len(lost))}
+    if lost:
+        counts["conversations/first_trained"] = float(min(f[1].index(1, 1) for f in lost))
+    verdict = sft_verdict(cfg.failures, cfg.max_length, cfg.train_roles)
+    verdict.observe(counts)
+    verdict.conclude()
 
 
 async def _sft(cfg: SFTConfig) -> dict[str, Any]:
