@@ -103,6 +103,8 @@ class PromptLimit:
         """Why prompts of up to `longest` tokens were skipped, and what to change."""
         limit, window = self.limits.max_input_length, self.limits.window
         tools = " or set env.render_tools = false" if self.tools else ""
+        if not longest:  # an API policy: its endpoint refused them (context_length_exceeded)
+            return "the policy's endpoint refused the prompts as longer than its context; use a longer-context model"
         if self.explicit:
             room = f" (the model allows {window - self.limits.max_generate_length})" if window else ""
             exceed = f"prompts of up to {longest:.0f} tokens exceed rollout.max_input_length = {limit}"
