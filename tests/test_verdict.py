@@ -188,3 +188,28 @@ def test_letter_counting_evaluates_and_trains_with_default_lengths(tiny_model_di
     steps = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     trained = [s for s in steps if "batch/trained_tokens" in s]
     assert len(trained) == 3 and all(s["batch/trained_tokens"] > 0 and s["problems/skipped"] == 0 for s in trained)
+
+
+def test_mcp_server_with_big_tool_schemas_fails_loudly_or_runs_without_them(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Tool schemas longer than the model's context: one line naming the window and env.render_tools; without the
+    schemas rendered the same evaluation scores its problems."""
+    import sys
+
+    rows = [{**r, "env_class": "mcp", "extra_info": {}} for r in generate_rows("calculator", 2, seed=2, split="eval")]
+    write_rows(tmp_path / "rows.jsonl", rows)
+    server = f"archive={sys.executable} {Path(__file__).parent / 'fixtures' / 'big_schema_server.py'} --tools 12"
+    args = [
+        "eval", "--model.path", str(tiny_model_dir), "--env.name", "mcp", "--env.mcp_servers", json.dumps([server]),
+        "--data.eval_path", str(tmp_path / "rows.jsonl"), "--rollout.max_generate_length", "8",
+        "--output_dir", str(tmp_path),
+    ]  # fmt: skip
+    refused = run_thermik(*args, "--name", "tools", timeout=300)
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    line = _one_line(refused.stderr, "eval")
+    assert "exceed the model's context window (2048) less rollout.max_generate_length (8)" in line, line
+    assert line.endswith("or set env.render_tools = false"), line
+    plain = run_thermik(*args, "--name", "plain", "--env.render_tools", "false", timeout=300)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert json.loads((tmp_path / "plain" / "eval.json").read_text())["problems"] == 2
