@@ -875,7 +875,10 @@ class SFTConfig(Section):
         "longest; gradients accumulate: the step is the same). 0 picks it from the model's shape so that a "
         "micro-batch's activations take about 1 GiB (docs/sft.md)."
     )  # fmt: skip
-    max_length: int = Field(512, ge=8, description="Conversations are truncated to this many tokens.")
+    max_length: int = Field(
+        0, ge=0, description="Conversations are truncated to this many tokens; 0: the longest conversation's length, "
+        "at most the model's context window (docs/sft.md)."
+    )  # fmt: skip
     packing: bool = Field(
         True, description="Pack the conversations of a batch into shared rows, each attending only to itself (same "
         "per-token loss as padding, less compute on mixed lengths; docs/sft.md)."

@@ -38,11 +38,13 @@ class SFTMode(Mode):
         assert run.policy is not None
         self.run, self.cfg, self.model, self.chat = run, cfg, run.policy, run.chat
         full = encode_all(self.chat, load_conversations(cfg.train_path), 0, cfg.env.render_tools, cfg.train_roles)
-        self.examples = truncate(full, cfg.max_length)
-        check_sft_data(cfg, full, self.examples)
+        window = context_window(cfg.model.path, self.chat.tokenizer)
+        self.max_length = cfg.max_length or min(window, max(len(ids) for ids, _ in full))
+        self.examples = truncate(full, self.max_length)
+        check_sft_data(cfg, self.max_length, full, self.examples)
         self.order = DataOrder(len(self.examples), cfg.seed)
-        self.pack_tokens = (cfg.pack_length or cfg.max_length) if cfg.packing else 0
-        self.micro_batch_tokens = cfg.micro_batch_tokens or auto_micro_batch_tokens(self.model, cfg.max_length)
+        self.pack_tokens = (cfg.pack_length or self.max_length) if cfg.packing else 0
+        self.micro_batch_tokens = cfg.micro_batch_tokens or auto_micro_batch_tokens(self.model, self.max_length)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optimizer)
         self.autocast = autocast_dtype(cfg.model, self.model)
         self.checkpoints = CheckpointManager(cfg.run_dir / "checkpoints", keep=cfg.checkpoint.keep)
@@ -53,9 +55,7 @@ class SFTMode(Mode):
             if cfg.eval_path
             else generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval", options=cfg.env)
         )
-        self.limits = LoopLimits.from_config(
-            cfg.rollout, cfg.env.max_turns, context_window(cfg.model.path, run.chat.tokenizer)
-        )
+        self.limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns, window)
         self.result: dict[str, Any] = {"steps": 0, "success": None, "reward": None}
         self.held_out_stop = HeldOutStop.from_config(cfg)
         self._resume()
@@ -124,14 +124,14 @@ class SFTMode(Mode):
         publish_dir(self.cfg.run_dir / "model", lambda tmp: components.export_policy(self.model, self.chat, tmp))
 
 
-def check_sft_data(cfg: SFTConfig, full: list[Example], cut: list[Example]) -> None:
+def check_sft_data(cfg: SFTConfig, max_length: int, full: list[Example], cut: list[Example]) -> None:
     """Before any step: some conversation keeps a trained token after the cut to max_length (else NothingDoneError);
     warns when many lost theirs (failures.max_skipped_share)."""
     lost = [f for f, c in zip(full, cut, strict=True) if trains(f) and not trains(c)]
     counts = {"conversations/kept": float(sum(map(trains, cut))), "conversations/cut": float(len(lost))}
     if lost:
         counts["conversations/first_trained"] = float(min(f[1].index(1, 1) for f in lost))
-    verdict = sft_verdict(cfg.failures, cfg.max_length, cfg.train_roles)
+    verdict = sft_verdict(cfg.failures, max_length, cfg.train_roles)
     verdict.observe(counts)
     verdict.conclude()
 
