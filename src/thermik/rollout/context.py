@@ -52,7 +52,9 @@ async def sample_groups(ctx: RolloutContext, step: int) -> tuple[list[Trajectory
         assert ctx.sampler is not None, "sampling training groups needs the training rows"
         rows = ctx.sampler.next_batch(want)
         seed = cfg.seed * 1_000_003 + step * 10_007 + r * 7_919
-        new, reward_metrics = await play_rows(ctx, rows, seed)
+        new, round_metrics = await play_rows(ctx, rows, seed)
+        counts = {k: reward_metrics.get(k, 0.0) + round_metrics[k] for k in ("problems/played", "problems/skipped")}
+        reward_metrics = round_metrics | counts  # the step's problems over every round
         for t in new:
             t.group_id += r * want  # group ids stay unique across rounds
         sampled += new

@@ -25,6 +25,7 @@ from thermik.errors import NothingDoneError, ThermikError
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.context import RolloutContext
 from thermik.rollout.prompt_lengths import measure_prompts
+from thermik.training.checkpoint import rng_kept
 
 Totals = Mapping[str, float]
 """Counter name -> its sum over the steps so far (`.../longest_*` counters: their maximum, `.../first_*`: minimum)."""
@@ -201,9 +202,11 @@ MEASURED_ROWS = 8
 
 
 async def prompt_limit(ctx: RolloutContext) -> PromptLimit:
-    """Measure the first prompts of the training and held-out rows; refuse a limit every one exceeds."""
+    """Measure the first prompts of the training and held-out rows; refuse a limit every one exceeds. The global
+    RNGs are left as they were: a seeded run draws the same after the measurement as without it."""
     rows = (ctx.sampler.rows[:MEASURED_ROWS] if ctx.sampler is not None else []) + ctx.held_out[:MEASURED_ROWS]
-    lengths = await measure_prompts(ctx.make_env, ctx.chat, rows)
+    with rng_kept():
+        lengths = await measure_prompts(ctx.make_env, ctx.chat, rows)
     limit = PromptLimit.of(ctx.limits, ctx.cfg.rollout, lengths.tools)
     check_prompts_fit(lengths.tokens, limit)
     return limit
