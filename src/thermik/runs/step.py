@@ -72,7 +72,7 @@ def make_rollout(
 ) -> Rollout:
     """The Rollout of episodes sampled in this process in `metrics["time/generate"]` seconds: dumps them when due,
     collates the training batch `trajs` (all of `sampled`, or the groups dynamic sampling kept)."""
-    if not trajs:  # every prompt of the step was skipped (too long): nothing to train on
+    if not sampled:  # every prompt of the step was skipped (too long): nothing played, nothing to train on
         return Rollout(sampled, trajs, None, metrics)
     dump_step_trajectories(ctx, step, sampled)
     batch = collate(trajs, None, ctx.chat.tokenizer.pad_token_id or 0)
