@@ -109,7 +109,10 @@ def test_config_errors_never_import_torch() -> None:
     [
         (["--trainer.steps", "0"], "trainer.steps"),
         (["--algorithm.advantage", "ppo2"], "algorithm.advantage"),
-        (["--rollout.max_generate_length", "2000"], "rollout.max_sequence_length"),
+        (
+            ["--rollout.max_generate_length", "2000", "--rollout.max_sequence_length", "1024"],
+            "rollout.max_sequence_length",
+        ),
         (["--trainer", "3"], "trainer"),
     ],
 )

@@ -111,7 +111,7 @@ def test_bad_value_names_key_and_source() -> None:
     with pytest.raises(ConfigError, match=r"model\.dtype: Input should be 'float32'"):
         load_config(RunConfig, ["--model.dtype", "fp8"])
     with pytest.raises(ConfigError, match=r"rollout\.max_sequence_length must be >="):
-        load_config(RunConfig, ["--rollout.max_input_length", "2000"])
+        load_config(RunConfig, ["--rollout.max_input_length", "2000", "--rollout.max_sequence_length", "1024"])
 
 
 def test_argument_errors(tmp_path: Path) -> None:

@@ -11,10 +11,12 @@ import pytest
 import torch
 from conftest import cli_env
 
-from thermik.config.schema import LoRAConfig, OptimizerConfig
+from thermik.config.schema import FailuresConfig, LoRAConfig, OptimizerConfig
 from thermik.data.chat_tokenizer import ChatTokenizer
-from thermik.data.conversations import DataOrder, as_conversation, encode_all, load_conversations
+from thermik.data.conversations import DataOrder, as_conversation, encode_all, load_conversations, trains
+from thermik.errors import NothingDoneError
 from thermik.models.loading import load_model, load_tokenizer
+from thermik.runs.verdict import sft_verdict
 from thermik.training.optim import build_optimizer
 from thermik.training.packing import block_causal_bias, pack
 from thermik.training.sft import auto_micro_batch_tokens, micro_batches, sft_loss, sft_token_logprobs, sft_update
@@ -152,13 +154,12 @@ def test_train_roles_add_the_content_of_other_roles_never_their_template(tiny_mo
     assert text(mask) == "compute 2+3call<|im_end|>five<|im_end|>"
     _, tool_mask = chat.encode_conversation(messages, roles=("tool",))
     assert text(tool_mask) == "5"
-    with pytest.raises(ValueError, match="no token of the training rows carries loss"):
-        encode_all(
-            chat,
-            [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}],
-            64,
-            roles=("system",),
-        )
+    convs = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}]
+    assert not any(map(trains, encode_all(chat, convs, 64, roles=("system",)))), "the SFT verdict refuses this"
+    verdict = sft_verdict(FailuresConfig(), 64, ("system",))
+    verdict.observe({"conversations/kept": 0.0, "conversations/cut": 0.0})
+    with pytest.raises(NothingDoneError, match=r"train_roles \('system',\) match no content"):
+        verdict.conclude()
 
 
 def test_data_order_continues_from_a_saved_position():

@@ -275,10 +275,14 @@ class LLMGeneratorConfig(Section):
 
 class RolloutConfig(Section):
     max_input_length: int = Field(
-        512, ge=1, description="Longest prompt (tokens) accepted; evaluation skips and counts longer rows."
-    )
+        0, ge=0, description="Longest prompt (tokens) accepted; longer rows are skipped and counted "
+        "(docs/reliability.md, 'Every command ends with a verdict'). 0: max_sequence_length - max_generate_length."
+    )  # fmt: skip
     max_generate_length: int = Field(64, ge=1, description="Most tokens sampled in one assistant turn.")
-    max_sequence_length: int = Field(1024, ge=1, description="Longest prompt+response; longer is overlong (masked).")
+    max_sequence_length: int = Field(
+        0, ge=0, description="Longest prompt+response; longer is overlong (masked). 0: the model's context window "
+        "(config.json max_position_embeddings, tokenizer model_max_length: the smaller)."
+    )  # fmt: skip
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters for training.")
     step_wise: Literal["off", "on-break", "always"] = Field(
         "on-break", description="Training samples per episode (docs/algorithms.md, 'Step-wise trajectories'): 'off' "
@@ -311,6 +315,23 @@ class RolloutConfig(Section):
                 "rollout.step_wise 'on-break' (or 'always'), or rollout.context 'truncate-episode'"
             )
         return self
+
+
+class FailuresConfig(Section):
+    """Partial failures: a share above its limit warns once per kind, at the step it happens (docs/reliability.md)."""
+
+    max_skipped_share: float = Field(
+        0.1, ge=0, le=1, description="Share of a step's (or an evaluation's) problems that may be skipped (prompts "
+        "longer than rollout.max_input_length; for `thermik sft`, conversations max_length leaves nothing to train "
+        "on) before a warning."
+    )  # fmt: skip
+    max_failed_share: float = Field(
+        0.5, ge=0, le=1, description="Share of a step's episodes that may fail (cut at rollout.max_sequence_length: "
+        "overlong, their tokens not trained) before a warning."
+    )  # fmt: skip
+    stop: bool = Field(
+        False, description="Stop the run (exit 1) at the first share above its limit instead of warning."
+    )
 
 
 class DataColumnsConfig(Section):
@@ -728,6 +749,20 @@ class SplitConfig(Section):
     poll_interval_s: float = Field(0.2, gt=0, description="Seconds between two looks for a new file.")
 
 
+def check_lengths(r: RolloutConfig) -> None:
+    """The explicit rollout lengths leave room for a prompt and one reply (0s are resolved from the model later)."""
+    if r.max_sequence_length and r.max_input_length + r.max_generate_length > r.max_sequence_length:
+        raise ValueError(
+            "rollout.max_sequence_length must be >= rollout.max_input_length + rollout.max_generate_length "
+            f"({r.max_sequence_length} < {r.max_input_length} + {r.max_generate_length})"
+        )
+    if r.max_sequence_length and r.max_sequence_length <= r.max_generate_length:
+        raise ValueError(
+            f"rollout.max_sequence_length ({r.max_sequence_length}) leaves no room for a prompt beside "
+            f"rollout.max_generate_length ({r.max_generate_length})"
+        )
+
+
 class RunConfig(Section):
     """`thermik rl`: GRPO on an environment."""
 
@@ -755,6 +790,7 @@ class RunConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Engine/trainer consistency guards.")
+    failures: FailuresConfig = Field(default_factory=FailuresConfig, description="Partial failures: warn or stop.")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Metrics and progress.")
     distributed: DistributedConfig = Field(
         default_factory=DistributedConfig, description="Ray scale-out (thermik.distributed.launch)."
@@ -770,12 +806,7 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _lengths_fit(self) -> RunConfig:
-        r = self.rollout
-        if r.max_input_length + r.max_generate_length > r.max_sequence_length:
-            raise ValueError(
-                "rollout.max_sequence_length must be >= rollout.max_input_length + rollout.max_generate_length "
-                f"({r.max_sequence_length} < {r.max_input_length} + {r.max_generate_length})"
-            )
+        check_lengths(self.rollout)
         if self.trainer.max_off_policy_steps and self.algorithm.dynamic_sampling != "none":
             raise ValueError(
                 "algorithm.dynamic_sampling works with synchronous training only; set it to 'none' or "
@@ -860,7 +891,10 @@ class SFTConfig(Section):
         "longest; gradients accumulate: the step is the same). 0 picks it from the model's shape so that a "
         "micro-batch's activations take about 1 GiB (docs/sft.md)."
     )  # fmt: skip
-    max_length: int = Field(512, ge=8, description="Conversations are truncated to this many tokens.")
+    max_length: int = Field(
+        0, ge=0, description="Conversations are truncated to this many tokens; 0: the longest conversation's length, "
+        "at most the model's context window (docs/sft.md)."
+    )  # fmt: skip
     packing: bool = Field(
         True, description="Pack the conversations of a batch into shared rows, each attending only to itself (same "
         "per-token loss as padding, less compute on mixed lengths; docs/sft.md)."
@@ -890,6 +924,7 @@ class SFTConfig(Section):
         "reaches stop_at: k > 1 keeps one lucky sample from stopping the run (docs/sft.md)."
     )  # fmt: skip
     progress: bool = Field(True, description="Show a rich progress bar.")
+    failures: FailuresConfig = Field(default_factory=FailuresConfig, description="Partial failures: warn or stop.")
 
     @property
     def run_dir(self) -> Path:

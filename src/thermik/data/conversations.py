@@ -65,14 +65,23 @@ def encode_all(
     render_tools: bool = True,
     roles: Collection[str] = ("assistant",),
 ) -> list[Example]:
-    """Tokenize as the agent loop will (tools rendered exactly when env.render_tools is on), cut to max_length."""
+    """Tokenize as the agent loop will (tools rendered exactly when env.render_tools is on), cut to max_length (0:
+    uncut). Whether any token still carries loss is the SFT run's verdict (runs/verdict.py)."""
     out = []
     for row in rows:
         ids, mask = chat.encode_conversation(row["messages"], row.get("tools") if render_tools else None, roles)
-        out.append((ids[:max_length], mask[:max_length]))
-    if not any(any(mask[1:]) for _, mask in out):
-        raise ValueError(f"no token of the training rows carries loss: train_roles {tuple(roles)} match no content")
-    return out
+        out.append((ids, mask))
+    return truncate(out, max_length)
+
+
+def truncate(examples: list[Example], max_length: int) -> list[Example]:
+    """Each example cut to its first max_length tokens (0: uncut)."""
+    return [(ids[: max_length or None], mask[: max_length or None]) for ids, mask in examples]
+
+
+def trains(example: Example) -> bool:
+    """Some token of the example carries loss (the first never does: it has no prediction)."""
+    return any(example[1][1:])
 
 
 class DataOrder:

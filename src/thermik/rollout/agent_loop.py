@@ -12,6 +12,7 @@ from typing import Any, Literal
 from thermik.config.schema import RolloutConfig, SamplingConfig
 from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.envs.base import Env, StepOutput
+from thermik.errors import ThermikError
 from thermik.inference.base import InferenceEngine, SamplingParams
 from thermik.rollout.history import NextPrompt, PromptHistory
 from thermik.rollout.step_wise import EpisodeSamples, StepWise
@@ -22,7 +23,15 @@ ContextPolicy = Literal["truncate-episode", "drop-oldest-observations", "summari
 
 
 class PromptTooLongError(ValueError):
-    pass
+    """A prompt longer than rollout.max_input_length: its row is skipped and counted, never played."""
+
+    def __init__(self, tokens: int = 0, limit: int = 0, detail: str = "") -> None:
+        self.tokens, self.limit = tokens, limit  # 0: not known (a server refused the prompt: `detail`)
+        super().__init__(detail or f"prompt has {tokens} tokens > rollout.max_input_length = {limit}")
+
+
+NO_WINDOW = 1 << 30
+"""The sequence length when no context window is known (an API policy: its server enforces its own)."""
 
 
 @dataclass(frozen=True)
@@ -35,18 +44,30 @@ class LoopLimits:
     context: ContextPolicy = "truncate-episode"
     context_placeholder: str = RolloutConfig.model_fields["context_placeholder"].default
     summary_request: str = RolloutConfig.model_fields["summary_request"].default
+    window: int | None = None  # the model's context window the 0 (default) lengths came from; None: unknown
 
     @classmethod
-    def from_config(cls, rollout: RolloutConfig, max_turns: int) -> LoopLimits:
+    def from_config(cls, rollout: RolloutConfig, max_turns: int, window: int | None = None) -> LoopLimits:
+        """The limits of `rollout`, its 0 lengths resolved: max_sequence_length = the model's context `window`,
+        max_input_length = max_sequence_length - max_generate_length (docs/reliability.md)."""
+        generate = rollout.max_generate_length
+        sequence = rollout.max_sequence_length or window or NO_WINDOW
+        prompt = rollout.max_input_length or sequence - generate
+        if prompt < 1 or prompt + generate > sequence:
+            raise ThermikError(
+                f"rollout.max_input_length ({prompt}) + rollout.max_generate_length ({generate}) exceed the "
+                f"model's context window ({sequence}); lower them"
+            )
         return cls(
             max_turns,
-            rollout.max_input_length,
-            rollout.max_generate_length,
-            rollout.max_sequence_length,
+            prompt,
+            generate,
+            sequence,
             rollout.step_wise,
             rollout.context,
             rollout.context_placeholder,
             rollout.summary_request,
+            window,
         )
 
 
@@ -174,7 +195,7 @@ async def run_episode(
     history = PromptHistory(chat, messages, env.tools)
     prompt_ids = history.prompt_ids()
     if len(prompt_ids) > limits.max_input_length:
-        raise PromptTooLongError(f"prompt has {len(prompt_ids)} tokens > rollout.max_input_length")
+        raise PromptTooLongError(len(prompt_ids), limits.max_input_length)
     traj = Trajectory(prompt_ids=prompt_ids, group_id=group_id, messages=list(messages), stop_reason="max_turns")
     episode = EpisodeSamples(traj, limits.step_wise)
     run = _EpisodeRun(engine, env, chat, history, episode, limits, sampling, seed, uuid.uuid4().hex)
@@ -213,14 +234,26 @@ async def rollout_rows(
     limits: LoopLimits,
     sampling: SamplingConfig,
     seed: int | None = None,
+    too_long: list[int] | None = None,
 ) -> list[Trajectory]:
-    """All episodes of a batch run concurrently; rows[i] yields group i of `group_size` samples."""
-    tasks = [
-        rollout_row(engine, make_env, chat, row, limits, sampling, g, None if seed is None else seed + 1000 * g + k)
-        for g, row in enumerate(rows)
-        for k in range(group_size)
-    ]
-    return list(await asyncio.gather(*tasks))
+    """All episodes of a batch run concurrently; rows[i] yields group i of `group_size` samples. With `too_long`
+    given, a row whose prompt exceeds rollout.max_input_length yields no group (the others keep their group ids)
+    and its prompt's length is appended there, once per row; without it, PromptTooLongError propagates."""
+
+    async def episode(g: int, row: dict[str, Any], k: int) -> Trajectory | PromptTooLongError:
+        try:
+            return await rollout_row(
+                engine, make_env, chat, row, limits, sampling, g, None if seed is None else seed + 1000 * g + k
+            )
+        except PromptTooLongError as e:
+            if too_long is None:
+                raise
+            return e
+
+    got = await asyncio.gather(*(episode(g, row, k) for g, row in enumerate(rows) for k in range(group_size)))
+    if too_long is not None:
+        too_long += {i // group_size: e.tokens for i, e in enumerate(got) if isinstance(e, PromptTooLongError)}.values()
+    return [t for t in got if isinstance(t, Trajectory)]
 
 
 async def rollout_row(

@@ -77,7 +77,7 @@ class ApiPolicy:
                 )  # fmt: skip
             except openai.BadRequestError as e:
                 if "long" in str(e).lower() or "context" in str(e).lower():
-                    raise PromptTooLongError(str(e)) from e
+                    raise PromptTooLongError(detail=str(e)) from e
                 raise
 
     async def __call__(self, row: dict[str, Any], problem: int, seed: int | None) -> Trajectory:

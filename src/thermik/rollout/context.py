@@ -54,7 +54,7 @@ async def sample_groups(ctx: RolloutContext, step: int) -> tuple[list[Trajectory
         rows = ctx.sampler.next_batch(want)
         seed = cfg.seed * 1_000_003 + step * 10_007 + r * 7_919
         new, metrics = await play_rows(ctx, rows, seed)
-        reward_metrics.append(metrics)
+        reward_metrics.append(metrics)  # the step's problems over every round: counts summed, the longest kept
         for t in new:
             t.group_id += r * want  # group ids stay unique across rounds
         sampled += new
@@ -76,13 +76,21 @@ def scored(trajs: list[Trajectory]) -> list[Trajectory]:
 
 
 async def play_rows(ctx: RolloutContext, rows: list[dict[str, Any]], seed: int) -> tuple[list[Trajectory], dict]:
-    """A group of episodes per row on ctx.engine, with the model rewards of [rewards] folded in (their metrics)."""
-    cfg = ctx.cfg
+    """A group of episodes per row on ctx.engine, with the model rewards of [rewards] folded in (their metrics). A row
+    whose prompt exceeds rollout.max_input_length yields no group; `skipped_metrics` counts it."""
+    cfg, too_long = ctx.cfg, list[int]()
     trajs = await rollout_rows(
-        ctx.engine, ctx.make_env, ctx.chat, rows, cfg.trainer.group_size, ctx.limits, cfg.rollout.sampling, seed
-    )
-    metrics = await ctx.rewards.apply(trajs, rows) if ctx.rewards is not None else {}
-    return trajs, metrics
+        ctx.engine, ctx.make_env, ctx.chat, rows, cfg.trainer.group_size, ctx.limits, cfg.rollout.sampling, seed,
+        too_long,
+    )  # fmt: skip
+    metrics = await ctx.rewards.apply(trajs, rows) if ctx.rewards is not None and trajs else {}
+    return trajs, {**metrics, **skipped_metrics(len(rows), too_long)}
+
+
+def skipped_metrics(rows: int, too_long: list[int]) -> dict[str, float]:
+    """problems/played and problems/skipped (prompts over rollout.max_input_length), with the longest skipped."""
+    out = {"problems/played": float(rows - len(too_long)), "problems/skipped": float(len(too_long))}
+    return out | ({"problems/longest_skipped": float(max(too_long))} if too_long else {})
 
 
 def _rewards_and_groups(trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:

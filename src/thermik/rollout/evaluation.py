@@ -5,6 +5,7 @@ avg@k overall, per env and per data source, failure categories, and one trajecto
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 from collections import Counter, defaultdict
@@ -52,6 +53,7 @@ class EvalResult:
     problems: int = 0
     skipped: int = 0
     breakdown: dict[str, float] = field(default_factory=dict)
+    longest_skipped: int = 0  # tokens of the longest skipped prompt (0: none skipped, or a server refused it)
 
     @property
     def success_se(self) -> float:
@@ -132,11 +134,14 @@ async def evaluate(
     row's env_class); `chat` decodes per-token text."""
     slots = asyncio.Semaphore(concurrency)
 
+    too_long: list[int] = []
+
     async def one(p: int, s: int) -> dict[str, Any] | None:
         try:
             async with slots:
                 traj = await play(rows[p], p, seed + 1000 * p + s)
-        except PromptTooLongError:
+        except PromptTooLongError as e:
+            too_long.append(e.tokens)
             return None  # the same prompt is too long for every sample: the row is skipped, counted once
         traj.env_name = env_name or traj.env_name
         return trajectory_record(traj, rows[p], chat, tool_parser, problem=p, sample=s)
@@ -144,7 +149,7 @@ async def evaluate(
     got = await asyncio.gather(*(one(p, s) for p in range(len(rows)) for s in range(k)))
     records = [r for r in got if r is not None]
     skipped = len({i // k for i, r in enumerate(got) if r is None})
-    return summarize(records, k, skipped), records
+    return dataclasses.replace(summarize(records, k, skipped), longest_skipped=max(too_long, default=0)), records
 
 
 def write_records(path: Path, records: list[dict[str, Any]]) -> Path:

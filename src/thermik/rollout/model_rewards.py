@@ -154,12 +154,15 @@ def failure_counts(metrics: dict[str, float]) -> str:
 
 
 def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
-    """The metrics of several `apply` calls as one step's: means averaged, counts and times summed."""
+    """The metrics of several `apply` calls as one step's: means averaged, the longest kept, counts and times summed."""
     keys = {k for part in parts for k in part}
     out = {}
     for key in keys:
         values = [part[key] for part in parts if key in part]
-        out[key] = sum(values) / len(values) if key.endswith("_mean") else sum(values)
+        if key.endswith("_mean"):
+            out[key] = sum(values) / len(values)
+        else:
+            out[key] = max(values) if "/longest_" in key else sum(values)
     return out
 
 

@@ -20,6 +20,7 @@ from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.sampler import PromptSampler
 from thermik.inference.base import InferenceEngine
 from thermik.inference.embedded import EmbeddedEngine
+from thermik.models.context_window import context_window
 from thermik.models.loading import load_tokenizer
 from thermik.monitor.metrics import MetricsLogger
 from thermik.rollout.agent_loop import LoopLimits
@@ -129,8 +130,9 @@ def _rollout_context(
     pool: MCPPool,
 ) -> RolloutContext:
     train_rows, held_out = rows
+    limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns, context_window(cfg.model.path, chat.tokenizer))
     if isinstance(engine, EmbeddedEngine):  # a too-small KV cache budget fails now, not at the first long episode
-        engine.require_room(cfg.rollout.max_sequence_length)
+        engine.require_room(limits.max_sequence_length)
     return RolloutContext(
         cfg=cfg,
         chat=chat,
@@ -138,6 +140,6 @@ def _rollout_context(
         make_env=components.env_factory(cfg.env, pool),
         sampler=None if train_rows is None else PromptSampler(train_rows, cfg.data.seed),
         held_out=held_out[: cfg.eval.size],
-        limits=LoopLimits.from_config(cfg.rollout, cfg.env.max_turns),
+        limits=limits,
         rewards=build_model_rewards(cfg.rewards),
     )

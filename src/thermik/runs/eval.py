@@ -21,22 +21,30 @@ from thermik.monitor.plots import plot_series
 from thermik.monitor.progress import print_table
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.api_policy import ApiPolicy
-from thermik.rollout.context import RolloutContext
+from thermik.rollout.context import RolloutContext, skipped_metrics
 from thermik.rollout.evaluation import EvalResult, Player, engine_player, evaluate, write_records
 from thermik.runs.build import build_run
+from thermik.runs.verdict import PromptLimit, Verdict, eval_verdict, prompt_limit
 from thermik.tools.mcp_pool import MCPPool
 from thermik.training.checkpoint import CheckpointManager, load_training_state
 
 
 async def _evaluate(
-    cfg: EvalRunConfig, rows: list[dict[str, Any]], play: Player, chat: ChatTokenizer | None, label: str
+    cfg: EvalRunConfig,
+    rows: list[dict[str, Any]],
+    play: Player,
+    chat: ChatTokenizer | None,
+    label: str,
+    verdict: Verdict,
 ) -> dict[str, Any]:
-    """Evaluate one policy; writes its trajectories and returns its aggregated line."""
+    """Evaluate one policy; writes its trajectories and returns its aggregated line. Its problems played and skipped
+    go to the command's verdict (a warning when many were skipped)."""
     result, records = await evaluate(
         play, rows, k=cfg.eval.k, seed=cfg.seed, chat=chat, tool_parser=cfg.env.tool_parser, env_name=cfg.env.name
     )
     write_records(cfg.run_dir / "trajectories" / f"{label}.jsonl", records)
     print_result(label, result)
+    verdict.observe(skipped_metrics(len(rows), [result.longest_skipped] * result.skipped), label)
     return {"label": label, **result.__dict__}
 
 
@@ -66,14 +74,15 @@ def _steps(cfg: EvalRunConfig) -> list[tuple[int, Path]]:
     return [(s, by_step[s]) for s in wanted]
 
 
-async def _eval_steps(cfg: EvalRunConfig, ctx: RolloutContext, policy: Any) -> list[dict[str, Any]]:
+async def _eval_steps(cfg: EvalRunConfig, ctx: RolloutContext, policy: Any, verdict: Verdict) -> list[dict[str, Any]]:
     """Load each checkpoint into the policy, push it into the engine and evaluate; then the table and the plot."""
     play = engine_player(ctx.engine, ctx.make_env, ctx.chat, ctx.limits, _sampling(cfg))
     lines = []
     for step, directory in _steps(cfg):
         load_training_state(directory, policy, None)
         await ctx.engine.update_weights(policy.state_dict())
-        lines.append({"step": step, **await _evaluate(cfg, ctx.held_out, play, ctx.chat, f"eval_step_{step}")})
+        label = f"eval_step_{step}"
+        lines.append({"step": step, **await _evaluate(cfg, ctx.held_out, play, ctx.chat, label, verdict)})
     k = cfg.eval.k
     header = ["step", "success", f"pass@{k}", f"avg@{k}", "turns", "n"]
     table = [[r["step"], r["success"], r["breakdown"].get(f"pass@{k}", r["success"]), r["reward"], r["turns"], r["n"]]
@@ -91,43 +100,49 @@ def _sampling(cfg: EvalRunConfig) -> SamplingConfig:
     return SamplingConfig(temperature=cfg.eval.temperature)
 
 
-async def _eval_api(cfg: EvalRunConfig) -> list[dict[str, Any]]:
-    """The policy is a chat endpoint: no local model, tokenizer or engine; envs, rows and limits as configured."""
+async def _eval_api(cfg: EvalRunConfig) -> tuple[list[dict[str, Any]], Verdict]:
+    """The policy is a chat endpoint: no local model, tokenizer or engine; envs, rows and limits as configured (the
+    0 lengths: no limit here, the endpoint refuses what its model cannot hold)."""
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / "config.toml").write_text(dump_toml(cfg))
     pool = MCPPool(log_dir=cfg.run_dir / "logs")
     _, rows = components.load_datasets(cfg.data, cfg.env, train=False)
     limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
     player = ApiPolicy(cfg.policy, components.env_factory(cfg.env, pool), limits, _sampling(cfg), cfg.env.tool_parser)
+    verdict = eval_verdict(cfg.failures, PromptLimit.of(limits, cfg.rollout))
     try:
-        return [await _evaluate(cfg, rows[: cfg.eval.size], player, None, "eval")]
+        return [await _evaluate(cfg, rows[: cfg.eval.size], player, None, "eval", verdict)], verdict
     finally:
         await player.close()
         await pool.aclose()
 
 
-async def _eval_local(cfg: EvalRunConfig) -> list[dict[str, Any]]:
-    """model.path (or the checkpoints of --steps) in this process's engine."""
+async def _eval_local(cfg: EvalRunConfig) -> tuple[list[dict[str, Any]], Verdict]:
+    """model.path (or the checkpoints of --steps) in this process's engine; a prompt limit too small for every
+    prompt is refused before any episode."""
     engine = lambda policy, chat: components.build_engine(policy, chat, cfg.inference)  # noqa: E731
     run = build_run(cfg, lora=False, engine=engine, train_rows=False, learner=False)
     ctx = run.rollout
     assert ctx is not None
     try:
+        verdict = eval_verdict(cfg.failures, await prompt_limit(ctx))
         if cfg.steps:
-            return await _eval_steps(cfg, ctx, run.policy)
+            return await _eval_steps(cfg, ctx, run.policy, verdict), verdict
         play = engine_player(ctx.engine, ctx.make_env, ctx.chat, ctx.limits, _sampling(cfg))
-        return [await _evaluate(cfg, ctx.held_out, play, ctx.chat, "eval")]
+        return [await _evaluate(cfg, ctx.held_out, play, ctx.chat, "eval", verdict)], verdict
     finally:
         await run.close()
 
 
 async def _eval(cfg: EvalRunConfig) -> dict[str, Any]:
-    lines = await (_eval_api(cfg) if cfg.policy.base_url else _eval_local(cfg))
+    """Evaluate, write the results, then the verdict: NothingDoneError when no problem was scored."""
+    lines, verdict = await (_eval_api(cfg) if cfg.policy.base_url else _eval_local(cfg))
     policy = cfg.policy.base_url or cfg.model.path
     with (cfg.run_dir / "aggregated_results.jsonl").open("w") as f:
         f.writelines(json.dumps({"policy": policy, **line}) + "\n" for line in lines)
     last = {k: v for k, v in lines[-1].items() if k not in ("label", "step")}
     (cfg.run_dir / "eval.json").write_text(json.dumps(last))
+    verdict.conclude()
     return {"model": policy, **last}
 
 

@@ -16,6 +16,7 @@ from thermik.monitor.plots import plot_run
 from thermik.monitor.progress import StepProgress, print_table
 from thermik.rollout.evaluation import EvalResult
 from thermik.runs.build import Run
+from thermik.runs.verdict import Verdict, prompt_limit, rl_verdict
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class LoopPlan:
     samples_per_step: int = 0  # logged as progress/samples when > 0
     show: tuple[tuple[str, str], ...] = (("reward", "reward/mean"), ("step_s", "time/step"))  # progress fields
     progress: bool = True
+    verdict: bool = False  # RL: prompts measured before any work, partial failures watched, a batch trained at the end
 
 
 class Mode(Protocol):
@@ -68,14 +70,20 @@ def rl_plan(cfg: RunConfig, title: str) -> LoopPlan:
         checkpoint_every=cfg.checkpoint.every,
         samples_per_step=cfg.trainer.prompts_per_step * cfg.trainer.group_size,
         progress=cfg.monitor.progress,
+        verdict=True,
     )
 
 
 async def run_loop(mode: Mode, run: Run, plan: LoopPlan) -> dict[str, Any]:
-    """Returns {"before": ..., "after": ..., "steps": last step} (evaluations as dicts, None when not run)."""
+    """Returns {"before": ..., "after": ..., "steps": last step} (evaluations as dicts, None when not run). With
+    plan.verdict: a prompt limit too small for every prompt is refused first, and a run that trained no batch
+    ends with NothingDoneError (runs/verdict.py)."""
+    verdict = None
+    if plan.verdict and run.rollout is not None:
+        verdict = rl_verdict(run.cfg.failures, await prompt_limit(run.rollout))
     before = await _before(mode, run, plan) if plan.eval_before else None
     await mode.start()
-    last = await _steps(mode, run, plan)
+    last = await _steps(mode, run, plan, verdict)
     await mode.stop()
     if run.rollout is not None and run.rollout.rewards is not None:
         run.rollout.rewards.check_answered()  # a reward source that never answered: nothing was trained (exit 3)
@@ -90,10 +98,12 @@ async def run_loop(mode: Mode, run: Run, plan: LoopPlan) -> dict[str, Any]:
     plot_run(run.logger.path, run.out_dir)
     if after is not None:
         print_summary(run.cfg, before, after)
+    if verdict is not None and last > run.start_step:
+        verdict.conclude()
     return {"before": _as_dict(before), "after": _as_dict(after), "steps": last}
 
 
-async def _steps(mode: Mode, run: Run, plan: LoopPlan) -> int:
+async def _steps(mode: Mode, run: Run, plan: LoopPlan, verdict: Verdict | None = None) -> int:
     """Steps start_step..plan.steps; returns the number of the last one done (early stops end sooner)."""
     done = run.start_step
     with StepProgress(plan.steps, plan.title, plan.progress) as progress:
@@ -106,6 +116,8 @@ async def _steps(mode: Mode, run: Run, plan: LoopPlan) -> int:
             if _evaluates_at(plan, done) or mode.evaluates_at(done):
                 metrics.update((await mode.evaluate(f"step_{done}")).as_metrics())
             run.logger.log(done, metrics)
+            if verdict is not None:
+                verdict.observe(metrics, f"step {done}")
             progress.update(done, {label: metrics.get(key, 0.0) for label, key in plan.show})
             if plan.checkpoint_every and done % plan.checkpoint_every == 0:
                 mode.save(done)

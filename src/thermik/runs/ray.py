@@ -47,6 +47,7 @@ class RayMode(Mode):
     async def update(self, rollout: Rollout, step: int) -> dict[str, float]:
         """The learner step on the trainer workers (advantages there, on the whole batch)."""
         t0 = time.perf_counter()
+        assert rollout.batch is not None  # rl_step updates only a rollout with a batch
         metrics = await self.dist.update(rollout.batch, step, off_policy=self.producer is not None)
         return with_train_speed(metrics, rollout.batch, time.perf_counter() - t0)
 

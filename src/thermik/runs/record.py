@@ -49,6 +49,7 @@ class Recorder:
 
     def before_update(self, rollout: Rollout) -> Snapshot:
         """What the update is about to see (it fills advantages into the batch in place, so a copy)."""
+        assert rollout.batch is not None  # rl_step updates only a rollout with a batch
         fields = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in vars(rollout.batch).items()}
         versions = [sorted({v for v in t.all_weight_versions if v >= 0}) for t in rollout.trajs]
         return TokenBatch(**fields), torch.get_rng_state(), versions

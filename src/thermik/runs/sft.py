@@ -16,14 +16,16 @@ import torch
 from thermik.assembly import components
 from thermik.atomic import publish_dir
 from thermik.config.schema import InferenceConfig, SamplingConfig, SFTConfig
-from thermik.data.conversations import DataOrder, encode_all, load_conversations
+from thermik.data.conversations import DataOrder, Example, encode_all, load_conversations, trains, truncate
 from thermik.data.dataset import load_rows
 from thermik.inference.base import InferenceEngine
+from thermik.models.context_window import context_window
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, write_records
 from thermik.runs.build import Run, open_run, resume_logger
 from thermik.runs.held_out_stop import HeldOutStop
 from thermik.runs.loop import LoopPlan, Mode, run_loop
+from thermik.runs.verdict import sft_verdict
 from thermik.tasks.registry import generate_rows
 from thermik.training.checkpoint import CheckpointManager
 from thermik.training.optim import build_optimizer
@@ -37,11 +39,14 @@ class SFTMode(Mode):
     def __init__(self, run: Run, cfg: SFTConfig) -> None:
         assert run.policy is not None
         self.run, self.cfg, self.model, self.chat = run, cfg, run.policy, run.chat
-        rows = load_conversations(cfg.train_path)
-        self.examples = encode_all(self.chat, rows, cfg.max_length, cfg.env.render_tools, cfg.train_roles)
+        full = encode_all(self.chat, load_conversations(cfg.train_path), 0, cfg.env.render_tools, cfg.train_roles)
+        window = context_window(cfg.model.path, self.chat.tokenizer)
+        self.max_length = cfg.max_length or min(window, max(len(ids) for ids, _ in full))
+        self.examples = truncate(full, self.max_length)
+        check_sft_data(cfg, self.max_length, full, self.examples)
         self.order = DataOrder(len(self.examples), cfg.seed)
-        self.pack_tokens = (cfg.pack_length or cfg.max_length) if cfg.packing else 0
-        self.micro_batch_tokens = cfg.micro_batch_tokens or auto_micro_batch_tokens(self.model, cfg.max_length)
+        self.pack_tokens = (cfg.pack_length or self.max_length) if cfg.packing else 0
+        self.micro_batch_tokens = cfg.micro_batch_tokens or auto_micro_batch_tokens(self.model, self.max_length)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optimizer)
         self.autocast = autocast_dtype(cfg.model, self.model)
         self.checkpoints = CheckpointManager(cfg.run_dir / "checkpoints", keep=cfg.checkpoint.keep)
@@ -52,7 +57,7 @@ class SFTMode(Mode):
             if cfg.eval_path
             else generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval", options=cfg.env)
         )
-        self.limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
+        self.limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns, window)
         self.result: dict[str, Any] = {"steps": 0, "success": None, "reward": None}
         self.held_out_stop = HeldOutStop.from_config(cfg)
         self._resume()
@@ -127,6 +132,18 @@ def held_out_precision(train_precision: str, autocast: torch.dtype | None) -> tu
     if autocast is not None:
         return "bfloat16", f"the held-out check samples in the trainer's precision, bf16-mixed {setting}"
     return "model", f"the held-out check samples in the trainer's precision {setting}"
+
+
+def check_sft_data(cfg: SFTConfig, max_length: int, full: list[Example], cut: list[Example]) -> None:
+    """Before any step: some conversation keeps a trained token after the cut to max_length (else NothingDoneError);
+    warns when many lost theirs (failures.max_skipped_share)."""
+    lost = [f for f, c in zip(full, cut, strict=True) if trains(f) and not trains(c)]
+    counts = {"conversations/kept": float(sum(map(trains, cut))), "conversations/cut": float(len(lost))}
+    if lost:
+        counts["conversations/first_trained"] = float(min(f[1].index(1, 1) for f in lost))
+    verdict = sft_verdict(cfg.failures, max_length, cfg.train_roles)
+    verdict.observe(counts)
+    verdict.conclude()
 
 
 async def _sft(cfg: SFTConfig) -> dict[str, Any]:

@@ -77,8 +77,11 @@ class OrchestratorMode(Mode):
         weight_step = step - int(rollout.metrics["off_policy/staleness_max"])
         meta = {"step": step, "weight_step": weight_step, "num_samples": len(rollout.trajs)}
 
+        batch = rollout.batch
+        assert batch is not None  # rl_step updates only a rollout with a batch
+
         def write(directory: Path) -> None:
-            save_batch(rollout.batch, directory)
+            save_batch(batch, directory)
             dump_trajectories(directory / TRAJECTORIES_FILE, rollout.trajs)
             write_json_atomic(directory / META_FILE, meta)
 

@@ -31,7 +31,7 @@ class Rollout:
 
     sampled: list[Trajectory]  # all episodes sampled this step (dynamic sampling may train on fewer)
     trajs: list[Trajectory]  # the episodes of the training batch (none when the batch was read from files)
-    batch: TokenBatch  # collated training batch (exactly the sampled token ids)
+    batch: TokenBatch | None  # collated training batch (exactly the sampled token ids); None: nothing was played
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -48,12 +48,19 @@ async def rl_step(halves: StepHalves, step: int) -> dict[str, float]:
     t_step = time.perf_counter()
     # 1. Rollout: n samples per prompt, rewards from the environments.
     rollout = await halves.rollout(step)
-    # 2.+3. Rewards -> advantages -> policy (and critic) update on exactly the sampled token ids.
-    update_metrics = await halves.update(rollout, step)
+    # 2.+3. Rewards -> advantages -> policy (and critic) update on exactly the sampled token ids (none: every prompt
+    # of the step was skipped, which the run's verdict counts).
+    update_metrics = await halves.update(rollout, step) if rollout.batch is not None else {}
+    update_metrics["batch/trained_tokens"] = trained_tokens(rollout.batch)
     # 4. Weight sync: the new weights reach the engine (version + 1).
     sync_metrics = await halves.sync_weights(step)
     # 5. Log: everything this step measured.
     return {**rollout.metrics, **update_metrics, **sync_metrics, "time/step": time.perf_counter() - t_step}
+
+
+def trained_tokens(batch: TokenBatch | None) -> float:
+    """Tokens of the batch that carry loss (0: a degenerate batch, e.g. every episode overlong)."""
+    return 0.0 if batch is None else float(batch.mask.sum())
 
 
 def tokens_per_s(tokens: float, seconds: float) -> float:
@@ -66,12 +73,16 @@ def make_rollout(
     """The Rollout of episodes sampled in this process in `metrics["time/generate"]` seconds: dumps them when due,
     collates the training batch `trajs` (the scored groups of `sampled`, or those dynamic sampling kept; none left:
     an empty batch, whose update is skipped), and has the model rewards judge the step."""
+    if not sampled:  # every prompt of the step was skipped (too long): nothing played, nothing to train on
+        return Rollout(sampled, trajs, None, metrics)
     dump_step_trajectories(ctx, step, sampled)
     if ctx.rewards is not None:
         ctx.rewards.after_step(step, metrics)
     batch = collate(trajs, None, ctx.chat.tokenizer.pad_token_id or 0)
     tokens = sum(t.num_generated_tokens for t in sampled)
     metrics = {**rollout_metrics(sampled), **metrics}
+    metrics["episodes/overlong"] = float(sum(any(s.env_metrics.get("overlong") for s in t.samples) for t in sampled))
+    metrics["episodes/played"] = float(len(sampled))
     metrics["perf/tokens_per_s"] = tokens_per_s(tokens, metrics["time/generate"])
     return Rollout(sampled, trajs, batch, metrics)
 
@@ -131,5 +142,6 @@ def with_train_speed(metrics: dict[str, float], batch: TokenBatch, seconds: floa
 async def learner_update(learner: Learner, rollout: Rollout, step: int, *, off_policy: bool) -> dict[str, float]:
     """Advantages, then the policy (and critic) update in this process, in a thread: async rollouts and tool calls
     go on meanwhile. off_policy: the rollout logprobs are the behaviour policy (asynchronous training)."""
+    assert rollout.batch is not None  # rl_step updates only a rollout with a batch
     metrics, t_train = await train_on_batch(learner, rollout.batch, step, rollout_is_behaviour=off_policy)
     return with_train_speed(metrics, rollout.batch, t_train)
