@@ -73,6 +73,7 @@ def rl_plan(cfg: RunConfig, title: str) -> LoopPlan:
 
 async def run_loop(mode: Mode, run: Run, plan: LoopPlan) -> dict[str, Any]:
     """Returns {"before": ..., "after": ..., "steps": last step} (evaluations as dicts, None when not run)."""
+    run.accept()  # set up without failing: config.toml is this config now; a resumed run says so
     before = await _before(mode, run, plan) if plan.eval_before else None
     await mode.start()
     last = await _steps(mode, run, plan)
