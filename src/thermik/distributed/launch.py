@@ -64,6 +64,7 @@ class DistributedTrainer:
         self.cfg = cfg
         self.workers = workers
         self.checkpoints = CheckpointManager(cfg.run_dir / "checkpoints", keep=cfg.checkpoint.keep)
+        self._fsdp2 = cfg.distributed.strategy == "fsdp2"  # an FSDP2 run resumes as DDP (runs/resume.py)
 
     @classmethod
     def start(cls, cfg: RunConfig, pg: Any, slots: list[Any]) -> DistributedTrainer:
@@ -94,10 +95,11 @@ class DistributedTrainer:
                 self.shutdown()
                 latest = self.checkpoints.latest()
                 where = f"the last complete checkpoint is {latest}" if latest else "no checkpoint was written yet"
+                again = "run it again" + (" with --distributed.strategy ddp" if self._fsdp2 else "")
                 raise TrainerWorkerError(
                     f"trainer worker rank {rank} of {len(self.workers)} failed ({type(err).__name__}: "
                     f"{str(err).splitlines()[0]}); the run is stopped and {where}. "
-                    "Restart the run with checkpoint.resume=true to continue from it."
+                    f"To continue from it, {again} (checkpoint.resume = true)."
                 ) from err
         return [results[r] for r in range(len(refs))]
 
