@@ -279,6 +279,7 @@ def test_thermik_rl_on_ray_trains_checkpoints_resumes_and_exports(
     ray_rl.run_rl(more)
     steps = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if "time/step" in r] == [1, 2, 3]
+    assert [r["weights/version"] for r in steps if "time/step" in r] == [1.0, 2.0, 3.0], "resumed at version 2"
     exported = AutoModelForCausalLM.from_pretrained(cfg.run_dir / "export", local_files_only=True)
     base = AutoModelForCausalLM.from_pretrained(stopping_model_dir, local_files_only=True)
     assert max_diff(exported.state_dict(), base.state_dict()) > 0

@@ -93,6 +93,23 @@ def test_update_weights_pushes_a_state_dict_through_safetensors(
     assert "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors
 
 
+def test_a_resumed_push_sets_the_servers_weight_version_and_counting_goes_on_from_it(
+    server: tuple[str, Any], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    url, tokenizer = server
+    prompt = tokenizer.encode("7*8=", add_special_tokens=False)
+    engine = _remote(url, tmp_path / "weights")
+
+    async def run() -> tuple[int, Generation, int]:
+        resumed = await engine.update_weights(tiny_model_dir, version=40)  # a run resumed from step 40
+        generation = await engine.generate(prompt, SamplingParams(max_tokens=2, temperature=0.0))
+        return resumed, generation, await engine.update_weights(tiny_model_dir)
+
+    resumed, generation, following = asyncio.run(run())
+    assert (resumed, generation.weight_version, following) == (40, 40, 41)
+    assert http.get(url + "/weight_version", headers={"Authorization": "Bearer k3y"}).json()["weight_version"] == 41
+
+
 def test_refused_requests_raise_value_error_and_a_dead_server_connection_error(server: tuple[str, Any]) -> None:
     url, _ = server
     with pytest.raises(ValueError, match="outside the vocabulary"):

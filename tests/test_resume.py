@@ -177,3 +177,5 @@ def test_kill_during_training_then_rerun_resumes(
     for mine, theirs in zip(records, ref_records, strict=True):
         assert mine["reward/mean"] == pytest.approx(theirs["reward/mean"], abs=1e-6), mine["step"]
         assert mine["response_length/mean"] == pytest.approx(theirs["response_length/mean"]), mine["step"]
+        # the resumed engine goes on at the checkpoint's weight version, as the uninterrupted one does
+        assert mine["weights/version"] == theirs["weights/version"] == mine["step"], mine["step"]

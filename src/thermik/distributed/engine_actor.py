@@ -45,16 +45,19 @@ class EngineActor:
             gen.weight_versions = [v + self._version_offset for v in gen.weight_versions]
         return gen
 
-    async def update_weights(self, source: dict[str, torch.Tensor] | str) -> int:
-        """Load a state dict (Ray resolves an ObjectRef argument) or a safetensors file or directory."""
+    async def update_weights(self, source: dict[str, torch.Tensor] | str, version: int | None = None) -> int:
+        """Load a state dict (Ray resolves an ObjectRef argument) or a safetensors file or directory; `version`:
+        report that version from now on (a resumed run's step)."""
         await self.engine.update_weights(Path(source) if isinstance(source, str) else source)
-        return self.weight_version()
+        return self._continue_at(version)
 
     async def restore(self, weights: dict[str, torch.Tensor] | str, version: int) -> int:
         """After a restart: load the weights of `version` and report that version from now on."""
-        source = Path(weights) if isinstance(weights, str) else weights
-        await self.engine.update_weights(source)
-        self._version_offset = version - self.engine.weight_version
+        return await self.update_weights(weights, version)
+
+    def _continue_at(self, version: int | None) -> int:
+        if version is not None:
+            self._version_offset = version - self.engine.weight_version
         return self.weight_version()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -73,12 +76,12 @@ class EngineActor:
             comm.BroadcastGroup.join, dc.backend, addr, port, rank, size, dc.timeout_s
         )
 
-    async def receive_weights(self, spec: comm.WeightSpec) -> int:
+    async def receive_weights(self, spec: comm.WeightSpec, version: int | None = None) -> int:
         """Receive one broadcast from trainer rank 0 and copy it in (waits for the running batch)."""
         assert self._weights_group is not None, "join_weight_group first"
         state = await asyncio.to_thread(comm.receive_state, self._weights_group, spec, self.engine.device)
         await self.engine.update_weights(state)
-        return self.weight_version()
+        return self._continue_at(version)
 
     # ------------------------------------------------------------------ colocated mode
 

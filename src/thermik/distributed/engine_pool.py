@@ -95,13 +95,14 @@ class EnginePool:
             slot.epoch += 1
             self.num_restarts += 1
 
-    async def update_weights(self, source: WeightSource) -> int:
+    async def update_weights(self, source: WeightSource, version: int | None = None) -> int:
         """Every engine loads `source`: a safetensors path (weight_sync = files), or a state dict from this process,
-        put once in Ray's object store (what the single-process RL loop pushes). Kept for restarts."""
+        put once in Ray's object store (what the single-process RL loop pushes). Kept for restarts. `version`: the
+        version the engines report from now on (a resumed run's step)."""
         import ray
 
         shared = ray.put(source) if isinstance(source, dict) else str(source)
-        versions = await asyncio.gather(*(s.actor.update_weights.remote(shared) for s in self._slots))
+        versions = await asyncio.gather(*(s.actor.update_weights.remote(shared, version) for s in self._slots))
         self.set_current(shared, versions[0])
         return self.version
 

@@ -23,6 +23,7 @@ from typing import Any
 from thermik.config.schema import DistributedConfig, RunConfig
 from thermik.distributed.engine_pool import EnginePool
 from thermik.distributed.placement import actor_options, create_placement_group, plan_placement
+from thermik.inference.base import next_version
 from thermik.lifetime import child_pids, start_reaper
 from thermik.training.batch import TokenBatch
 from thermik.training.checkpoint import CheckpointManager
@@ -68,6 +69,7 @@ class DistributedTrainer:
         self.cfg = cfg
         self.workers = workers
         self.checkpoints = CheckpointManager(cfg.run_dir / "checkpoints", keep=cfg.checkpoint.keep)
+        self._fsdp2 = cfg.distributed.strategy == "fsdp2"  # an FSDP2 run resumes as DDP (runs/resume.py)
 
     @classmethod
     def start(cls, cfg: RunConfig, pg: Any, slots: list[Any]) -> DistributedTrainer:
@@ -98,10 +100,11 @@ class DistributedTrainer:
                 self.shutdown()
                 latest = self.checkpoints.latest()
                 where = f"the last complete checkpoint is {latest}" if latest else "no checkpoint was written yet"
+                again = "run it again" + (" with --distributed.strategy ddp" if self._fsdp2 else "")
                 raise TrainerWorkerError(
                     f"trainer worker rank {rank} of {len(self.workers)} failed ({type(err).__name__}: "
                     f"{str(err).splitlines()[0]}); the run is stopped and {where}. "
-                    "Restart the run with checkpoint.resume=true to continue from it."
+                    f"To continue from it, {again} (checkpoint.resume = true)."
                 ) from err
         return [results[r] for r in range(len(refs))]
 
@@ -155,9 +158,10 @@ class DistributedRun:
             if colocated:
                 await asyncio.gather(*(a.wake_up.remote() for a in self.engines.actors))
 
-    async def sync_weights(self, method: str | None = None) -> tuple[int, float]:
+    async def sync_weights(self, method: str | None = None, version: int | None = None) -> tuple[int, float]:
         """Trainer weights -> every engine by `method` (default distributed.weight_sync): "collective" broadcast
-        or safetensors "files"; returns (new version, seconds)."""
+        or safetensors "files"; returns (new version, seconds). `version`: the version the engines report from now
+        on (a resumed run's step), else the next one."""
         t0 = time.perf_counter()
         method = method or self.cfg.distributed.weight_sync
         if method not in ("collective", "files"):
@@ -165,31 +169,31 @@ class DistributedRun:
         if not self.engines.actors:
             return self.engines.version, 0.0
         if method == "files":
-            version = await self._sync_by_files()
+            version = await self._sync_by_files(version)
         else:
-            version = await self._sync_by_broadcast()
+            version = await self._sync_by_broadcast(version)
         self.weight_sync_s = time.perf_counter() - t0
         return version, self.weight_sync_s
 
-    async def _sync_by_files(self) -> int:
+    async def _sync_by_files(self, version: int | None) -> int:
         dc = self.cfg.distributed
         root = Path(dc.weights_dir) if dc.weights_dir else self.cfg.run_dir / "weights"
-        target = root / f"version_{self.engines.version + 1}.safetensors"
+        target = root / f"version_{next_version(self.engines.version, version)}.safetensors"
         paths = await asyncio.gather(*(w.save_weights.remote(str(target)) for w in self.trainer.workers))
         previous = self.engines.restore_source
-        version = await self.engines.update_weights(paths[0])
+        version = await self.engines.update_weights(paths[0], version)
         if isinstance(previous, str) and previous != paths[0]:
             Path(previous).unlink(missing_ok=True)  # every engine holds the new version now
         return version
 
-    async def _sync_by_broadcast(self) -> int:
+    async def _sync_by_broadcast(self, version: int | None) -> int:
         actors = self.engines.actors
         if self._group_epoch != self.engines.num_restarts:  # first sync, or a restarted engine left the group
             await self._form_weight_group()
         if self._spec is None:
             self._spec = await self.trainer.workers[0].weight_spec.remote()
         sends = [w.broadcast_weights.remote() for w in self.trainer.workers]
-        versions = await asyncio.gather(*(a.receive_weights.remote(self._spec) for a in actors))
+        versions = await asyncio.gather(*(a.receive_weights.remote(self._spec, version) for a in actors))
         await asyncio.gather(*sends)
         rank0 = self.trainer.workers[0]
         self.engines.set_current(lambda: rank0.synced_weights.remote(), versions[0])

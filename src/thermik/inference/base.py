@@ -62,12 +62,20 @@ class InferenceEngine(Protocol):
         self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None
     ) -> Generation: ...
 
-    async def update_weights(self, source: WeightSource) -> int: ...
+    async def update_weights(self, source: WeightSource, version: int | None = None) -> int:
+        """Load new weights; returns their version: the next one, or `version` (a resumed run's first push: the
+        weights of its checkpoint step), counted on from there."""
+        ...
 
     @property
     def weight_version(self) -> int: ...
 
     async def close(self) -> None: ...
+
+
+def next_version(current: int, version: int | None) -> int:
+    """The version of newly loaded weights: `version` when given (a resumed run's step), else the next one."""
+    return current + 1 if version is None else version
 
 
 def check_request(prompt_ids: Sequence[int], sampling: SamplingParams, vocab_size: int) -> None:

@@ -47,6 +47,7 @@ from thermik.inference.base import (
     TokenDelta,
     WeightSource,
     check_request,
+    next_version,
 )
 from thermik.inference.hf_engine import HFEngine
 from thermik.inference.kv_cache import KVCacheBudgetError, default_budget_bytes
@@ -235,18 +236,18 @@ class EmbeddedEngine:
         with self._cond:
             self._ended_sessions.add(session_id)
 
-    async def update_weights(self, source: WeightSource) -> int:
-        """Copy new weights in place between two decode steps. Returns the new version."""
-        return await to_thread_releasing(self.update_weights_sync, source)
+    async def update_weights(self, source: WeightSource, version: int | None = None) -> int:
+        """Copy new weights in place between two decode steps. Returns the new version (`version` when given)."""
+        return await to_thread_releasing(self.update_weights_sync, source, version)
 
-    def update_weights_sync(self, source: WeightSource) -> int:
+    def update_weights_sync(self, source: WeightSource, version: int | None = None) -> int:
         state = load_state(source)
         params = check_state(self.model, state)
         with self._model_lock:
             copy_state(params, state)
             self.native.refresh()
             self._drop_idle_slots()  # cached prefixes of finished requests were computed by the old weights
-            self._version += 1
+            self._version = next_version(self._version, version)
             return self._version
 
     def release_idle_cache(self) -> None:

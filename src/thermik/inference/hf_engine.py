@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from thermik.cpu.openmp import to_thread_releasing
-from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource, check_request
+from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource, check_request, next_version
 from thermik.inference.sampling import process_logits, sample, token_logprobs
 from thermik.inference.weights import check_state, copy_state, load_state
 
@@ -101,9 +101,10 @@ class HFEngine:
         self._wakeup.set()
         return await future
 
-    async def update_weights(self, source: WeightSource) -> int:
-        """Copy new weights in place (waits for the running batch to finish). Returns the new version."""
-        return await to_thread_releasing(self.update_weights_sync, source)
+    async def update_weights(self, source: WeightSource, version: int | None = None) -> int:
+        """Copy new weights in place (waits for the running batch to finish). Returns the new version (`version`
+        when given)."""
+        return await to_thread_releasing(self.update_weights_sync, source, version)
 
     async def close(self) -> None:
         """Stop serving: the running batch ends with stop_reason "abort", queued requests get "abort" too."""
@@ -174,13 +175,13 @@ class HFEngine:
 
     # ------------------------------------------------------------------ weights
 
-    def update_weights_sync(self, source: WeightSource) -> int:
+    def update_weights_sync(self, source: WeightSource, version: int | None = None) -> int:
         """Copy a state dict, a *.safetensors file or a directory of them into the model; bump the version."""
         state = load_state(source)
         params = check_state(self.model, state)
         with self._model_lock:
             copy_state(params, state)
-            self._version += 1
+            self._version = next_version(self._version, version)
             return self._version
 
     # ------------------------------------------------------------------ decoding

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource
+from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource, next_version
 from thermik.inference.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
 from thermik.inference.weights import save_state_dict
 
@@ -202,8 +202,9 @@ class RemoteEngine:
         response = await self._request("POST", "/v1/completions", body)
         return generation_from_choice(response["choices"][0], self._version, sampling.top_logprobs)
 
-    async def update_weights(self, source: WeightSource) -> int:
-        """Write a state dict under weights_dir (or send a directory as is) and have the server load it."""
+    async def update_weights(self, source: WeightSource, version: int | None = None) -> int:
+        """Write a state dict under weights_dir (or send a directory as is) and have the server load it (as
+        `version`, when given)."""
         if isinstance(source, dict):
             target = self.weights_dir / f"v{self._version + 1:06d}"
             path = await asyncio.to_thread(save_state_dict, source, target)
@@ -211,10 +212,13 @@ class RemoteEngine:
             path = Path(source)
         if await self.server_owner() == VLLM_OWNER:
             await self._vllm_reload(path.resolve())
-            self._version += 1
+            self._version = next_version(self._version, version)
         else:
-            response = await self._request("POST", "/update_weights", {"path": str(path.resolve())})
-            self._version = int(response.get("weight_version", self._version + 1))
+            body: dict[str, Any] = {"path": str(path.resolve())}
+            if version is not None:
+                body["version"] = version
+            response = await self._request("POST", "/update_weights", body)
+            self._version = int(response.get("weight_version", next_version(self._version, version)))
         if isinstance(source, dict):
             if self._pushed is not None and self._pushed != path:
                 shutil.rmtree(self._pushed, ignore_errors=True)  # the server holds the weights now

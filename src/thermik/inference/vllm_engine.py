@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource, check_request
+from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource, check_request, next_version
 from thermik.inference.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
 from thermik.inference.weights import save_state_dict
 
@@ -188,7 +188,7 @@ class VLLMEngine:
                 self._running -= 1
                 self._idle.notify_all()
 
-    async def update_weights(self, source: WeightSource) -> int:
+    async def update_weights(self, source: WeightSource, version: int | None = None) -> int:
         """Reload the model in place from a state dict (written as safetensors first) or a safetensors directory."""
         if isinstance(source, dict):
             target = self.weights_dir / f"v{self._version + 1:06d}"
@@ -197,12 +197,12 @@ class VLLMEngine:
         else:
             path = Path(source)
         try:
-            return await self._on_engine_loop(self._reload(path.resolve()))
+            return await self._on_engine_loop(self._reload(path.resolve(), version))
         finally:
             if isinstance(source, dict):
                 shutil.rmtree(path, ignore_errors=True)  # loaded into the model: the files are no longer needed
 
-    async def _reload(self, path: Path) -> int:
+    async def _reload(self, path: Path, version: int | None) -> int:
         async with self._idle:
             await self._idle.wait_for(lambda: not self._updating)
             self._updating = True
@@ -210,7 +210,7 @@ class VLLMEngine:
         try:
             await self._llm.collective_rpc(RELOAD_METHOD, kwargs={"weights_path": str(path)})
             await self._llm.reset_prefix_cache()
-            self._version += 1
+            self._version = next_version(self._version, version)
             return self._version
         finally:
             async with self._idle:

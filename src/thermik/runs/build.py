@@ -8,13 +8,12 @@ and an optional `Learner` (the training half).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from thermik.assembly import components
-from thermik.config.loader import dump_toml
 from thermik.config.schema import RunConfig, SFTConfig
 from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.sampler import PromptSampler
@@ -26,6 +25,7 @@ from thermik.monitor.metrics import MetricsLogger
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.context import RolloutContext
 from thermik.rollout.model_rewards import build_model_rewards
+from thermik.runs.resume import ConfigChange, accept_config, check_resume, resumed_message
 from thermik.tools.mcp_pool import MCPPool
 from thermik.training.learner import Learner, build_learner, restore
 
@@ -47,6 +47,15 @@ class Run:
     learner: Learner | None = None
     start_step: int = 0  # steps already done (a resumed run)
     resumed: dict | None = None  # the extras of the checkpoint it resumed from
+    data_position: int | None = None  # rows (RL prompts, SFT conversations) a resumed run had drawn
+    config_changes: list[ConfigChange] = field(default_factory=list)  # safe changes to the saved config (resume.py)
+
+    def accept(self) -> None:
+        """The run's setup is done: its config becomes config.toml (the earlier one kept beside it), and a resumed
+        run says so."""
+        accept_config(self.cfg, self.out_dir)
+        if self.start_step:
+            print(resumed_message(self.start_step, self.data_position, self.cfg.run_dir, self.config_changes))
 
     async def close(self, engine: bool = True) -> None:
         """Close the logger, the engine (unless another owner closes it) and the MCP servers."""
@@ -57,15 +66,24 @@ class Run:
 
 
 def open_run(
-    cfg: RunConfig | SFTConfig, *, out_dir: Path | None = None, load_policy: bool = True, lora: bool = True
+    cfg: RunConfig | SFTConfig,
+    *,
+    out_dir: Path | None = None,
+    load_policy: bool = True,
+    lora: bool = True,
+    training: bool = True,
 ) -> Run:
-    """What every process of every mode starts with: seed, its directory and config.toml, the MCP pool, the policy
-    (or only its tokenizer, when the policy lives on other processes) and the metrics logger. `lora`: wrap the
-    policy with the configured LoRA adapters (training does; evaluating model.path does not)."""
-    components.seed_everything(cfg.seed)
+    """What every process of every mode starts with: seed, its directory, the MCP pool, the policy (or only its
+    tokenizer, when the policy lives on other processes) and the metrics logger. `lora`: wrap the policy with the
+    configured LoRA adapters (training does; evaluating model.path does not). `training`: a run that may resume,
+    checked against its saved config first, whose config.toml `Run.accept` writes once set up; otherwise (an
+    evaluation) config.toml is written now."""
     out_dir = out_dir or cfg.run_dir
+    changes = check_resume(cfg, out_dir) if training else []  # before anything is touched
+    components.seed_everything(cfg.seed)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.toml").write_text(dump_toml(cfg))
+    if not training:
+        accept_config(cfg, out_dir)
     rl = isinstance(cfg, RunConfig)
     tool_format = cfg.env.tool_parser  # a template that ignores tools gets their schemas in this format
     if load_policy:
@@ -79,7 +97,9 @@ def open_run(
         else MetricsLogger(out_dir)
     )
     pool = MCPPool(log_dir=cfg.run_dir / "logs")  # each MCP server's stderr: logs/mcp-<name>.log
-    return Run(cfg=cfg, out_dir=out_dir, chat=chat, logger=logger, pool=pool, policy=policy)
+    run = Run(cfg=cfg, out_dir=out_dir, chat=chat, logger=logger, pool=pool, policy=policy)
+    run.config_changes = changes
+    return run
 
 
 def build_run(
@@ -97,7 +117,8 @@ def build_run(
     limits; with `train_rows` false, held-out rows only) around that engine; `learner`: the training half (needs
     the policy), restored from the newest checkpoint when checkpoint.resume finds one. The order of the steps keeps
     seeded runs reproducible."""
-    run = open_run(cfg, out_dir=out_dir, load_policy=load_policy, lora=lora)
+    # a run without training rows (an evaluation) resumes nothing: no resume check, config.toml at once
+    run = open_run(cfg, out_dir=out_dir, load_policy=load_policy, lora=lora, training=train_rows)
     policy, chat = run.policy, run.chat
     rows = components.load_datasets(cfg.data, cfg.env, train_rows) if engine is not None else None
     if learner:
@@ -118,8 +139,10 @@ def resume_logger(run: Run, start_step: int, sampler_state: dict | None) -> None
     """A resumed run re-logs the steps after `start_step` and samples on from where it stopped."""
     run.start_step = start_step
     run.logger.truncate_after(start_step + 1)  # steps <= start_step are done and kept
-    if sampler_state is not None and run.rollout is not None:
-        run.rollout.sampler.load_state_dict(sampler_state)
+    if sampler_state is not None:
+        run.data_position = int(sampler_state["position"])
+        if run.rollout is not None:
+            run.rollout.sampler.load_state_dict(sampler_state)
 
 
 def _rollout_context(

@@ -70,8 +70,9 @@ class LocalMode(Mode):
     # ---------------------------------------------------------------- loop hooks
 
     async def start(self) -> None:
-        if self.run.start_step:
-            await self.rollout_ctx.engine.update_weights(components.engine_weights(self.learner.policy))
+        if self.run.start_step:  # the checkpoint's weights, as the version an uninterrupted run's engine holds now
+            weights = components.engine_weights(self.learner.policy)
+            await self.rollout_ctx.engine.update_weights(weights, version=self.run.start_step)
         if self.cfg.trainer.max_off_policy_steps > 0:
             self.producer = start_producer(self.rollout_ctx)
 
@@ -112,8 +113,6 @@ def setup(cfg: RunConfig) -> Run:
         engine=lambda policy, chat: components.build_engine(policy, chat, engine_cfg),
         update_threads=update_threads,
     )
-    if run.resumed is not None:
-        print(f"resumed {cfg.run_dir} from step_{run.start_step} (step {run.start_step} of {cfg.trainer.steps})")
     return run
 
 

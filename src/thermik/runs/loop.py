@@ -81,6 +81,7 @@ async def run_loop(mode: Mode, run: Run, plan: LoopPlan) -> dict[str, Any]:
     verdict = None
     if plan.verdict and run.rollout is not None:
         verdict = rl_verdict(run.cfg.failures, await prompt_limit(run.rollout))
+    run.accept()  # set up without failing: config.toml is this config now; a resumed run says so
     before = await _before(mode, run, plan) if plan.eval_before else None
     await mode.start()
     last = await _steps(mode, run, plan, verdict)

@@ -25,6 +25,7 @@ from thermik.rollout.evaluation import EvalResult
 from thermik.rollout.group_producer import GroupProducer
 from thermik.runs.build import Run, build_run, resume_logger
 from thermik.runs.loop import Mode, rl_plan, run_loop
+from thermik.runs.resume import check_resume
 from thermik.runs.step import Rollout, produced_rollout, rl_step, sample_rollout, start_producer, with_train_speed
 
 
@@ -60,8 +61,8 @@ class RayMode(Mode):
         return metrics
 
     async def start(self) -> None:
-        if self.run.start_step:
-            await self.dist.sync_weights()  # the engines start from the base weights
+        if self.run.start_step:  # the engines start from the base weights; the checkpoint's are version start_step
+            await self.dist.sync_weights(version=self.run.start_step)
         if self.cfg.trainer.max_off_policy_steps > 0:
             self.producer = start_producer(self.rollout_ctx)
 
@@ -95,11 +96,11 @@ def setup(cfg: RunConfig, dist: DistributedRun) -> RayMode:
     if latest is not None:
         extra = dist.trainer.load_checkpoint(latest)
         resume_logger(run, int(extra["step"]), extra["sampler"])
-        print(f"resumed {cfg.run_dir} from {latest.name} (step {run.start_step} of {cfg.trainer.steps})")
     return RayMode(run, dist)
 
 
 async def train(cfg: RunConfig) -> dict[str, Any]:
+    check_resume(cfg)  # a refused resume (another config, FSDP2) before Ray starts
     dist = start(cfg)
     mode = None
     try:

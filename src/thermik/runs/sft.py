@@ -72,7 +72,7 @@ class SFTMode(Mode):
         self.order.position = int(extra["data_position"])
         self.held_out_stop.load(extra.get("held_out", {}))
         self.result["steps"] = int(extra["step"])
-        resume_logger(self.run, int(extra["step"]), None)
+        resume_logger(self.run, int(extra["step"]), {"position": self.order.position})
 
     async def step(self, step: int) -> dict[str, float]:
         batch = [self.examples[i] for i in self.order.next_batch(self.cfg.batch_size)]

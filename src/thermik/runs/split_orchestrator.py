@@ -124,7 +124,6 @@ async def setup_orchestrator(cfg: RunConfig) -> OrchestratorMode:
     if cfg.checkpoint.resume and layout.orchestrator_state.is_file():
         state = json.loads(layout.orchestrator_state.read_text())
         resume_logger(run, int(state["next_step"]), state["sampler"])
-        print(f"thermik orchestrator: resumed {cfg.run_dir} at step {run.start_step} of {cfg.trainer.steps}")
     # A fresh server holds model.path, the weights of step 0; after a restart it is told the newest ones.
     version = await wait_until(
         lambda: _server_version(orch.engine),

@@ -78,7 +78,6 @@ def setup_trainer(cfg: RunConfig) -> SplitTrainerMode:
     layout = SplitLayout(cfg.run_dir)
     mode = SplitTrainerMode(build_run(cfg, out_dir=layout.trainer_dir), layout)
     if mode.run.resumed is not None:
-        print(f"thermik trainer: resumed {cfg.run_dir} at step {mode.run.start_step} of {cfg.trainer.steps}")
         publish_weights(mode.learner, layout, mode.run.start_step)  # a restarted server or orchestrator picks them up
     return mode
 

@@ -312,7 +312,10 @@ class OpenAIServer:
         if not path.exists():
             raise ApiError(400, f"weights path {path} does not exist on the server's filesystem", "path")
         try:
-            version = await self.engine.update_weights(path)
+            if body.version is None:
+                version = await self.engine.update_weights(path)
+            else:
+                version = await self.engine.update_weights(path, body.version)
         except Exception as exc:  # unreadable files, unknown names, wrong shapes: the request's fault, not ours
             raise ApiError(400, f"could not load weights from {path}: {exc}", "path") from exc
         return {"weight_version": version}

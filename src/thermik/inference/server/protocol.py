@@ -169,3 +169,6 @@ class CompletionRequest(_Sampling):
 
 class UpdateWeightsRequest(_Body):
     path: str = Field(min_length=1, description="Directory holding *.safetensors (or one *.safetensors file).")
+    version: int | None = Field(
+        None, ge=0, description="The weight version these weights are (a resumed run's step); absent: the next one."
+    )
