@@ -47,8 +47,8 @@ SAFE_KEYS: tuple[str, ...] = (
     "server.host", "server.port", "server.api_key", "server.access_log", "split.",
     "inference.num_threads", "inference.kv_cache_gb", "inference.base_url", "inference.api_key",
     "inference.served_model_name", "inference.weights_dir", "inference.timeout_s",
-    "env.tool_timeout_s", "env.openenv.ca_file", "rewards.judge.api_key", "rewards.judge.timeout_s", "rewards.judge.retries",
-    "rewards.judge.retry_backoff_s", "rewards.judge.concurrency",
+    "env.tool_timeout_s", "env.openenv.ca_file", "rewards.judge.api_key", "rewards.judge.timeout_s",
+    "rewards.judge.retries", "rewards.judge.retry_backoff_s", "rewards.judge.concurrency",
     "algorithm.teacher_api_key", "algorithm.teacher_timeout_s", "algorithm.teacher_concurrency",
     # how the same update is spread over Ray workers (distributed.enabled itself is not in the list)
     "distributed.num_trainers", "distributed.num_engines", "distributed.placement", "distributed.strategy",
