@@ -1,10 +1,10 @@
 """Per-command overhead of the repo-repair sandbox: the same command bare and in the sandbox, alternating.
 
 `python benchmarks/repo_repair_sandbox.py [--repeats 50] [--command true]` prints the median wall time of each
-side, their difference (the target: <= 20 ms) and their ratio. The bare side runs the command with
-`bash -c` in the same workspace; the CPU time of each side's child processes is printed too (on a loaded
-machine the wall time is mostly waiting for a core); the sandbox side goes through `Sandbox.run` (bwrap or unshare, setpriv when run
-as root, prlimit, bash, output capture, the process tree killed afterwards).
+side, their difference (the target: <= 20 ms) and their ratio, and each side's child CPU time per command (on a
+loaded machine the wall time is mostly waiting for a core). The bare side runs the command with `bash -c` in the
+same workspace; the sandbox side goes through `Sandbox.run` (bwrap or unshare, setpriv when run as root, bash with
+its ulimits, output capture, the process tree killed afterwards).
 """
 
 from __future__ import annotations
