@@ -149,17 +149,26 @@ def _under(path: str, root: str) -> bool:
 class Sandbox:
     """One episode's workspace and its commands. Use as a context manager, or call `close()`."""
 
-    def __init__(self, repo: Path | None, limits: SandboxLimits | None = None, *, use_bwrap: bool | None = None):
+    def __init__(
+        self,
+        repo: Path | None,
+        limits: SandboxLimits | None = None,
+        *,
+        use_bwrap: bool | None = None,
+        adopt: Path | None = None,
+    ) -> None:
+        """A fresh workspace holding a copy of `repo` (empty when None), removed by `close`; or, with `adopt`, an
+        existing workspace whose owner removes it (the MCP pool's per-episode data copy)."""
         self.limits = limits or SandboxLimits()
-        self._root = Path(tempfile.mkdtemp(prefix="thermik-repo-"))  # 0700, ours: the workspace sits inside
-        self.workspace = self._root / "repo"
+        self._root = None if adopt is not None else Path(tempfile.mkdtemp(prefix="thermik-repo-"))  # 0700, ours
+        self.workspace = Path(adopt) if adopt is not None else self._root / "repo"  # type: ignore[operator]
         try:
-            if repo is None:
+            if adopt is None and repo is None:
                 self.workspace.mkdir()
-            else:
-                shutil.copytree(repo, self.workspace, symlinks=True)
+            elif adopt is None:
+                shutil.copytree(repo, self.workspace, symlinks=True)  # type: ignore[arg-type]
         except OSError:
-            shutil.rmtree(self._root, ignore_errors=True)
+            shutil.rmtree(self._root, ignore_errors=True)  # type: ignore[arg-type]
             raise
         self._bwrap = bwrap_path() if use_bwrap is None or use_bwrap else None
         if use_bwrap and self._bwrap is None:
@@ -276,7 +285,8 @@ class Sandbox:
         self.closed = True
         for cmd in list(self._running):
             cmd.kill()
-        shutil.rmtree(self._root, ignore_errors=True)
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
 
     def __enter__(self) -> Sandbox:
         return self
