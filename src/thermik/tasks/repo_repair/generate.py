@@ -265,7 +265,7 @@ def _git(repo: Path, *args: str) -> str:
 def write_task(key: str, out: Path, limits: SandboxLimits | None = None) -> dict[str, Any] | None:
     """Build, validate and write the task of `key` under `out/<instance_id>/` (repo/ as a git directory,
     record.json); returns the SWE-bench record, or None when no candidate bug validates."""
-    template, values = read_key(key)
+    _, values = read_key(key)
     family, seed, split = values["family"], values["seed"], values["split"]
     knobs = Knobs(values["modules"], values["distractors"], values["bugs"], values["name_function"])
     package = build_package(family, seed, knobs, split)

@@ -58,9 +58,9 @@ def _kinds_of(node: ast.AST, fn: ast.FunctionDef) -> list[str]:
         kinds.append("swap_arguments")
     if isinstance(node, ast.If) and not node.orelse and node is not fn:
         kinds.append("drop_branch")
-    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in _locals(fn):
-        if len(_locals(fn)) > 1:
-            kinds.append("wrong_variable")
+    names = _locals(fn)
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in names and len(names) > 1:
+        kinds.append("wrong_variable")
     return kinds
 
 

@@ -77,7 +77,8 @@ class CommandResult:
         status = f"[exit code {self.exit_code}]"
         if self.timed_out:
             status = f"[killed: the command ran past its {self.seconds:.0f} s wall-clock limit]"
-        return f"{self.output}\n{status}" if self.output else status
+        output = self.output.rstrip("\n")
+        return f"{output}\n{status}" if output else status
 
 
 def head_tail(data: bytes, total: int, max_chars: int) -> str:

@@ -374,7 +374,8 @@ def centroid(points):
     return (xs / len(points), ys / len(points))
 """,
         "the centroid of a set of points",
-        "centroid([(0, 0), (2, 0), (2, 2), (0, 2)])", "centroid([])", "centroid([(1, 5)])", "centroid([(0, 3), (6, 0)])",
+        "centroid([(0, 0), (2, 0), (2, 2), (0, 2)])", "centroid([])", "centroid([(1, 5)])",
+        "centroid([(0, 3), (6, 0)])",
     )  # fmt: skip
 
 
@@ -440,7 +441,8 @@ def merge_intervals(intervals):
     return merged
 """,
         "merging overlapping intervals",
-        "merge_intervals([(1, 3), (2, 6), (8, 10)])", "merge_intervals([])", "merge_intervals([(5, 7), (1, 2), (2, 4)])",
+        "merge_intervals([(1, 3), (2, 6), (8, 10)])", "merge_intervals([])",
+        "merge_intervals([(5, 7), (1, 2), (2, 4)])",
     )  # fmt: skip
 
 

@@ -131,7 +131,7 @@ class RepoTools:
             rel = file.relative_to(root)
             hits += [f"{rel}:{i}: {line.strip()}" for i, line in enumerate(lines, 1) if regex.search(line)]
             if len(hits) >= _MAX_SEARCH_RESULTS:
-                hits = hits[:_MAX_SEARCH_RESULTS] + [f"[... more matches not shown (first {_MAX_SEARCH_RESULTS})]"]
+                hits = [*hits[:_MAX_SEARCH_RESULTS], f"[... more matches not shown (first {_MAX_SEARCH_RESULTS})]"]
                 break
         return head_tail_text("\n".join(hits), self.max_output_chars) if hits else f"no match for {pattern!r}"
 
