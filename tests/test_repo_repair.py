@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from thermik.config.schema import EnvConfig, RepoRepairConfig
+from thermik.config.schema import EnvConfig, RepoRepairConfig, SamplingConfig
 from thermik.tasks.registry import generate_rows, make_env, solve
 from thermik.tasks.repo_repair import generate, mutations
 from thermik.tasks.repo_repair.grade import grade
@@ -216,3 +216,43 @@ def test_the_expert_trajectory_replays_to_reward_1(tools_mode: str, tmp_path: Pa
     reward, observations, metadata = asyncio.run(replay())
     assert reward == 1.0 and metadata["env_metrics"]["repo_repair/resolved"] == 1.0
     assert observations == [m["content"] for m in conversation if m["role"] == "tool"]
+
+
+class _MetricsEnv:
+    """Two turns; the last step reports env metrics and, when asked, that the episode trains on nothing."""
+
+    tools = None
+    plays_episode = False
+
+    def __init__(self, mask: bool) -> None:
+        self.mask, self.turn = mask, 0
+
+    async def ainit(self, prompt: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        return prompt, {}
+
+    async def astep(self, action: str) -> Any:
+        from thermik.envs.base import StepOutput
+
+        self.turn += 1
+        metrics = {"env_metrics": {"demo/seconds": 1.5}, "mask_episode": self.mask and self.turn == 2}
+        return StepOutput([{"role": "user", "content": "more"}] if self.turn < 2 else [], 0.0, self.turn == 2, metrics)
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_env_metrics_are_summed_and_mask_episode_zeroes_the_loss(mask: bool) -> None:
+    from test_rollout import ScriptedEngine
+
+    from thermik.data.chat_tokenizer import ChatTokenizer
+    from thermik.models.tokenizer import build_tokenizer
+    from thermik.rollout.agent_loop import LoopLimits, run_episode
+    from thermik.rollout.metrics import rollout_metrics
+
+    chat = ChatTokenizer(build_tokenizer())
+    engine = ScriptedEngine(chat, ["a", "b"])
+    limits = LoopLimits(max_turns=4, max_input_length=512, max_generate_length=16, max_sequence_length=1024)
+    prompt = [{"role": "user", "content": "go"}]
+    traj = asyncio.run(run_episode(engine, _MetricsEnv(mask), chat, prompt, limits, SamplingConfig()))
+    assert traj.env_metrics["demo/seconds"] == 3.0
+    assert (sum(traj.loss_mask) == 0) == mask
+    metrics = rollout_metrics([traj])
+    assert metrics["demo/seconds"] == 3.0 and metrics.get("episodes/masked_frac", 0.0) == float(mask)
