@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import logging
 import random
 import shutil
 import subprocess
@@ -33,6 +34,7 @@ from thermik.tasks.repo_repair.templates import FAMILIES, Unit, families_for
 from thermik.tasks.repo_repair.tools import PYTEST
 from thermik.tools.launch import cache_dir
 
+logger = logging.getLogger(__name__)
 GENERATOR_VERSION = "1"
 _MAX_CANDIDATES = 24
 
@@ -399,6 +401,8 @@ def rows(env: str, n: int, seed: int, split: str, options: Any) -> list[dict[str
         if len(found) >= n:
             break
         key = task_key(rng.choice(families_for(split)), rng.randrange(1_000_000), split, knobs)
+        if key not in found and not _index(out / "keys.jsonl").get(key):
+            logger.info("repo_repair: validating %s task %d of %d in the sandbox", split, len(found) + 1, n)
         task = None if key in found else load_or_write(key, out)
         if task is not None:
             found[key] = record_row(*task)
