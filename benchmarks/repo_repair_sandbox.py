@@ -24,9 +24,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--command", default="true")
     args = parser.parse_args()
-    bare, boxed, bare_cpu, boxed_cpu = [], [], 0.0, 0.0
+    bare, boxed, floor, bare_cpu, boxed_cpu = [], [], [], 0.0, 0.0
     with Sandbox(None) as box:
         for _ in range(args.repeats):
+            if box.isolation == "bwrap":  # the floor of any bwrap-per-command design: bwrap alone, no namespaces
+                start = time.perf_counter()
+                subprocess.run(["bwrap", "--ro-bind", "/", "/", "/bin/true"], capture_output=True, check=False)
+                floor.append(time.perf_counter() - start)
             start, cpu = time.perf_counter(), _children_cpu()
             subprocess.run(["/bin/bash", "-c", args.command], cwd=box.workspace, capture_output=True, check=False)
             bare.append(time.perf_counter() - start)
@@ -40,6 +44,8 @@ def main() -> None:
     print(f"command {args.command!r}, {args.repeats} runs each, sandbox: {isolation}")
     print(f"bare median {b:.2f} ms, sandbox median {s:.2f} ms")
     print(f"overhead {s - b:.2f} ms per command (target <= 20 ms), ratio {s / b:.2f}x")
+    if floor:
+        print(f"bwrap --ro-bind / / /bin/true alone: median {statistics.median(floor) * 1000:.2f} ms")
     per = 1000 / args.repeats
     print(
         f"CPU time of the child processes per command: bare {bare_cpu * per:.2f} ms, sandbox {boxed_cpu * per:.2f} ms"
