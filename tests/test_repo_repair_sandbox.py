@@ -35,10 +35,6 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
-def _workspaces() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("thermik-repo-*")}
-
-
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
@@ -205,23 +201,25 @@ def _run_unless_closed(box: Sandbox, command: str) -> None:
 
 def _episodes_with_random_kills(n: int, repo: Path) -> None:
     rng = random.Random(0)
-    before = _workspaces()
+    workspaces = []
     marker = f"{random.randint(10**6, 10**7)}.75"
     for _ in range(n):
         box = Sandbox(repo, SandboxLimits(wall_s=10))
+        workspaces.append(box.workspace)
         command = f"sleep {marker} & setsid sleep {marker} & sleep {marker}"
         runner = threading.Thread(target=_run_unless_closed, args=(box, command))
         runner.start()
         time.sleep(rng.uniform(0, 0.15))
         if rng.random() < 0.5:
-            for cmd in list(box._running):  # a kill from outside: the bwrap process dies first
-                cmd.proc.kill()
+            executor = box._executor
+            if executor is not None:  # a kill from outside: the bwrap process dies first
+                executor.proc.kill()
         box.close()
         runner.join(timeout=15)
         assert not runner.is_alive()
     time.sleep(0.2)
     assert _processes_with(f"sleep {marker}") == []
-    assert _workspaces() - before == set()
+    assert [w for w in workspaces if w.exists()] == []
 
 
 @needs_bwrap

@@ -6,11 +6,15 @@ Every command runs in bubblewrap (`bwrap`) where it is installed:
 - the invoking user's home directory is hidden (an empty tmpfs); only the Python installation the sandbox runs
   with is mounted back, read-only, when it lives there;
 - no network (a new, empty network namespace), its own PID, IPC and UTS namespaces, `--die-with-parent`;
-- run as root, the command drops to an unprivileged user of its own (`setpriv`), so `RLIMIT_NPROC` counts only
+- run as root, the sandbox drops to an unprivileged user of its own (`setpriv`), so `RLIMIT_NPROC` counts only
   the sandbox's processes and files outside the workspace are not writable even through a symlink;
 - rlimits (bash's `ulimit`, soft and hard): CPU seconds, address space, processes, file size; a wall-clock timeout.
-When the command's main process exits, or at the timeout, the whole tree is killed: the PID namespace's init
-dies and the kernel kills everything in it (a daemonised child included). `close()` removes the workspace.
+One sandbox (bwrap and, inside it, the small executor of executor.py) starts with an episode's first command and
+runs its commands one at a time: the executor starts each with bash, reads its output, and when the command's main
+process exits or its wall time runs out kills every other process of the sandbox's PID namespace (a daemonised
+child included), so nothing a command starts outlives it. `close()` kills the namespace's init (the kernel then
+kills everything in it) and removes the workspace. Paying bwrap's start once per episode keeps a command's
+overhead to a few milliseconds over the bare command (benchmarks/repo_repair_sandbox.py).
 
 Without bwrap the command runs under `unshare` (network, PID and mount namespaces) with the same rlimits and a
 one-time warning naming the package to install: the file system is then protected by the sandbox user's file
@@ -20,9 +24,10 @@ the processes limit does not apply) or not at all (as a normal user), and the ho
 
 from __future__ import annotations
 
+import base64
 import contextlib
-import fcntl
 import functools
+import json
 import logging
 import os
 import pwd
@@ -34,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +52,9 @@ _MB = 1024 * 1024
 _SANDBOX_UIDS = (200_000, 100_000)
 """(first, count): the unprivileged user ids a sandbox run by root picks from, one per workspace."""
 _READ_CHUNK = 1 << 20
-_F_SETPIPE_SZ = 1031
+_GRACE_S = 10.0
+"""How long past a command's wall time the executor may take to answer before it is killed and replaced."""
+_EXECUTOR = (Path(__file__).parent / "executor.py").read_text()
 
 
 @dataclass(frozen=True)
@@ -179,7 +187,8 @@ class Sandbox:
         drop = os.geteuid() == 0 and (self._bwrap is not None or _others_can_run(sys.executable))
         self.uid = _SANDBOX_UIDS[0] + random.randrange(_SANDBOX_UIDS[1]) if drop else None
         self._give_workspace()
-        self._running: set[_Command] = set()
+        self._executor: _Executor | None = None
+        self._lock = threading.Lock()
         self.closed = False
         self.seconds = 0.0
         """Wall seconds spent in commands so far."""
@@ -197,22 +206,26 @@ class Sandbox:
             for name in (dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)):
                 os.lchown(name, self.uid, self.uid)
 
-    def argv(self, command: str) -> list[str]:
-        """The full command line that runs `command` (a bash script) in this sandbox."""
+    def script(self, command: str) -> str:
+        """The bash script one command runs as: its limits, then the command."""
         lim = self.limits
-        # bash's ulimit sets the hard limits too (so the command cannot raise them) without another exec.
+        # bash's ulimit sets the hard limits too, so the command cannot raise them.
         ulimit = f"ulimit -t {lim.cpu_s} -v {lim.memory_mb * 1024} -u {self._nproc()} -f {lim.file_mb * 1024} -c 0"
+        return f"{ulimit} || exit 126\n{command}"
+
+    def argv(self) -> list[str]:
+        """The command line of the episode's executor: isolated, as the sandbox user, reading requests on stdin."""
         drop = []
         if self.uid is not None:
             drop = [shutil.which("setpriv") or "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}"]
             drop += ["--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
-        script = ["/bin/bash", "-c", f"{ulimit} || exit 126\n{command}"]
+        executor = [sys.executable, "-I", "-S", "-c", _EXECUTOR]
         if self._bwrap is None:
             outer = [shutil.which("unshare") or "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
             if os.geteuid() != 0:
                 outer.append("--map-root-user")
-            return [*outer, *drop, *script]
-        return [*self._bwrap_argv(), "--", *drop, *script]
+            return [*outer, *drop, *executor]
+        return [*self._bwrap_argv(), "--", *drop, *executor]
 
     def _bwrap_argv(self) -> list[str]:
         assert self._bwrap is not None
@@ -245,47 +258,52 @@ class Sandbox:
                 "PYTHONHASHSEED": "0", "TERM": "dumb"}  # fmt: skip
 
     def run(self, command: str, timeout_s: float | None = None) -> CommandResult:
-        """Run a bash command in the workspace; its whole process tree is gone when this returns. Never raises for
+        """Run a bash command in the workspace; every process it started is gone when this returns. Never raises for
         anything the command does."""
-        if self.closed:
-            raise RuntimeError("the sandbox is closed")
         wall = min(timeout_s or self.limits.wall_s, self.limits.wall_s)
-        start = time.monotonic()
-        info_r, info_w = os.pipe()  # bwrap writes its child's pid there: killed even if bwrap itself is killed first
-        argv = self.argv(command)
-        if self._bwrap is not None:
-            argv[1:1] = ["--info-fd", str(info_w)]
-        try:
-            proc = subprocess.Popen(
-                argv, cwd=self.workspace, env=self._env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(info_w,),
-            )  # fmt: skip
-        except OSError:
-            os.close(info_r)
-            if self.closed:  # closed by another thread meanwhile
-                raise RuntimeError("the sandbox is closed") from None
-            raise
-        finally:
-            os.close(info_w)
-        cmd = _Command(proc, info_r)
-        self._running.add(cmd)
-        try:
-            timed_out = cmd.read_until_exit(start + wall, self.limits.max_output_chars)
-        finally:
-            cmd.kill()
-            cmd.close()
-            self._running.discard(cmd)
-        seconds = time.monotonic() - start
-        self.seconds += seconds
-        code = -9 if timed_out else _shell_status(proc.returncode)
-        output = head_tail(bytes(cmd.head + cmd.tail), cmd.total, self.limits.max_output_chars)
-        return CommandResult(output, code, timed_out, seconds, cmd.total)
+        keep = 2 * self.limits.max_output_chars
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("the sandbox is closed")
+            start = time.monotonic()
+            if self._executor is None:
+                try:
+                    self._executor = _Executor.start(self.argv(), self.workspace, self._env(), self._bwrap is not None)
+                except OSError:
+                    if self.closed:  # the workspace went with close()
+                        raise RuntimeError("the sandbox is closed") from None
+                    raise
+                if self.closed:  # close() ran while it started (close kills what it finds in self._executor)
+                    self._executor.kill()
+                    self._executor.close_pipes()
+                    raise RuntimeError("the sandbox is closed")
+            reply = self._executor.request({"script": self.script(command), "wall_s": wall, "keep": keep})
+            if reply is None:  # the executor died or hung (killed by the command, or the sandbox closed): a new one
+                self._executor.kill()
+                self._executor.close_pipes()
+                self._executor = None
+                timed_out = time.monotonic() - start >= wall
+                reply = {"head": "", "tail": "", "total": 0, "code": -9, "timed_out": timed_out}
+            if self.closed and self._executor is not None:  # closed meanwhile: nothing may outlive close()
+                self._executor.kill()
+                self._executor.close_pipes()
+                self._executor = None
+            seconds = time.monotonic() - start
+            self.seconds += seconds
+        data = base64.b64decode(reply["head"]) + base64.b64decode(reply["tail"])
+        output = head_tail(data, reply["total"], self.limits.max_output_chars)
+        return CommandResult(output, reply["code"], reply["timed_out"], seconds, reply["total"])
 
     def close(self) -> None:
-        """Kill whatever still runs and remove the workspace. Idempotent."""
+        """Kill the sandbox's processes (its PID namespace) and remove the workspace. Idempotent."""
         self.closed = True
-        for cmd in list(self._running):
-            cmd.kill()
+        executor = self._executor
+        if executor is not None:
+            executor.kill()
+            if self._lock.acquire(blocking=False):  # no command is reading from it
+                executor.close_pipes()
+                self._executor = None
+                self._lock.release()
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
 
@@ -307,69 +325,48 @@ def _owner(proc_dir: Path) -> int | None:
         return None
 
 
-class _Command:
-    """One running command: its bwrap/unshare process, bwrap's info pipe, the output kept so far."""
+class _Executor:
+    """The episode's executor process: bwrap (or unshare) running executor.py in the sandbox."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], info_fd: int) -> None:
-        self.proc, self.info_fd = proc, info_fd
-        self.info = bytearray()
-        self.inner_pid: int | None = None
-        """bwrap's child, the PID namespace's init: killing it kills everything in the namespace."""
-        self.head, self.tail, self.total = bytearray(), bytearray(), 0
+    def __init__(self, proc: subprocess.Popen[bytes], inner_pid: int | None) -> None:
+        self.proc, self.inner_pid = proc, inner_pid
+        """inner_pid: bwrap's child, the PID namespace's init: killing it kills everything in the namespace."""
 
-    def read_until_exit(self, deadline: float, max_chars: int) -> bool:
-        """Read the output until the main process exits (then what is left) or the deadline; keep the first and the
-        last `2 * max_chars` bytes. Returns whether the deadline was reached."""
-        assert self.proc.stdout is not None
-        out = self.proc.stdout.fileno()
-        os.set_blocking(out, False)
-        with contextlib.suppress(OSError):  # a larger pipe: fewer wake-ups for a flood of output
-            fcntl.fcntl(out, _F_SETPIPE_SZ, _READ_CHUNK)
-        os.set_blocking(self.info_fd, False)
-        exited = False
-        with selectors.DefaultSelector() as sel:
-            sel.register(out, selectors.EVENT_READ)
-            sel.register(self.info_fd, selectors.EVENT_READ)
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 and not exited:
-                    return True
-                ready = {key.fd for key, _ in sel.select(timeout=1.0 if exited else min(remaining, 0.05))}
-                if self.info_fd in ready and not self._read_info():
-                    sel.unregister(self.info_fd)
-                chunk = _read_chunk(out) if out in ready else b""
-                if chunk is None:  # EOF: every writer is gone
-                    return False
-                if chunk:
-                    self._keep(chunk, 2 * max_chars)
-                elif exited:  # killed with the tree, the writers left behind close the pipe within a second
-                    return False
-                if not exited and self.proc.poll() is not None:
-                    exited = True
-                    self.kill()
+    @classmethod
+    def start(cls, argv: list[str], cwd: Path, env: dict[str, str], bwrap: bool) -> _Executor:
+        info_r, info_w = os.pipe()  # bwrap writes its child's pid there: killed even if bwrap itself dies first
+        if bwrap:
+            argv = [argv[0], "--info-fd", str(info_w), *argv[1:]]
+        try:
+            proc = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                start_new_session=True, pass_fds=(info_w,),
+            )  # fmt: skip
+        finally:
+            os.close(info_w)
+        try:
+            info = _read_all(info_r, time.monotonic() + 30) if bwrap else b""
+        finally:
+            os.close(info_r)
+        match = re.search(rb'"child-pid"\s*:\s*(\d+)', info)
+        return cls(proc, int(match.group(1)) if match else None)
 
-    def _keep(self, chunk: bytes, keep: int) -> None:
-        self.total += len(chunk)
-        room = keep - len(self.head)
-        self.head += chunk[:room]
-        self.tail += chunk[room:] if room > 0 else chunk
-        del self.tail[: max(len(self.tail) - keep, 0)]
-
-    def _read_info(self) -> bool:
-        """Read bwrap's info JSON; False at its end."""
-        data = _read_chunk(self.info_fd)
-        if data:
-            self.info += data
-            match = re.search(rb'"child-pid"\s*:\s*(\d+)', self.info)
-            self.inner_pid = int(match.group(1)) if match else None
-        return data is not None
+    def request(self, message: dict[str, object]) -> dict[str, object] | None:
+        """Send one request; its reply, or None when the executor is gone or silent past the wall time."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            return None
+        line = _read_line(self.proc.stdout.fileno(), time.monotonic() + float(message["wall_s"]) + _GRACE_S)  # type: ignore[arg-type]
+        try:
+            return json.loads(line) if line else None
+        except json.JSONDecodeError:
+            return None
 
     def kill(self) -> None:
-        """SIGKILL bwrap's child (the namespace's init: the kernel then kills every process in the namespace) and
-        the command's process group (bwrap or unshare and anything still in its group)."""
-        if self.inner_pid is None and self.info_fd >= 0:
-            with contextlib.suppress(OSError):
-                self._read_info()
+        """SIGKILL the namespace's init (the kernel then kills every process in it) and the executor's group."""
         for kill, pid in ((os.kill, self.inner_pid), (os.killpg, self.proc.pid)):
             if pid is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -378,23 +375,36 @@ class _Command:
             self.proc.kill()
         self.proc.wait()
 
-    def close(self) -> None:
-        """Close the pipes (the thread that ran the command does, after `kill`)."""
-        if self.info_fd >= 0:
-            os.close(self.info_fd)
-            self.info_fd = -1
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+    def close_pipes(self) -> None:
+        """After `kill`, by the thread that talks to the executor (closing them under a reader would hang it)."""
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()  # type: ignore[union-attr]
 
 
-def _read_chunk(fd: int) -> bytes | None:
-    """Up to one chunk; b'' when nothing is ready, None at EOF."""
-    try:
-        data = os.read(fd, _READ_CHUNK)
-    except BlockingIOError:
-        return b""
-    return data or None
+def _read_all(fd: int, deadline: float) -> bytes:
+    """Everything until EOF or the deadline."""
+    data = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if sel.select(timeout=deadline - time.monotonic()):
+                chunk = os.read(fd, _READ_CHUNK)
+                if not chunk:
+                    break
+                data += chunk
+    return data
 
 
-def _shell_status(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
+def _read_line(fd: int, deadline: float) -> bytes:
+    """One line (the executor's reply); b'' at EOF or the deadline."""
+    data = bytearray()
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while not data.endswith(b"\n") and time.monotonic() < deadline:
+            if sel.select(timeout=max(deadline - time.monotonic(), 0)):
+                chunk = os.read(fd, _READ_CHUNK)
+                if not chunk:
+                    return b""
+                data += chunk
+    return bytes(data) if data.endswith(b"\n") else b""
