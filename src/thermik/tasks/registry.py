@@ -142,9 +142,8 @@ def unregister(name: str) -> None:
 def _generator(env: str) -> Generator:
     if env not in GENERATORS:
         prefixed = ", ".join(f"{prefix}<name>" for prefix in PREFIXED_GENERATORS)
-        raise ValueError(
-            f"no synthetic generator for environment {env!r}; valid: {', '.join(sorted(GENERATORS))}, {prefixed}"
-        )
+        named = ", ".join(sorted([*GENERATORS, *ROWS_MODULES]))
+        raise ValueError(f"no synthetic generator for environment {env!r}; valid: {named}, {prefixed}")
     return GENERATORS[env]
 
 
