@@ -3,7 +3,7 @@
 # held-out table (held-out tasks come from template families training never used).
 #   bash examples/repo_repair/run.sh [--seed N] [--runs DIR]
 #   bash examples/repo_repair/run.sh --quick     # every stage shrunk to a few steps: proves the path, not a result
-# Each stage ends with a line `run.sh: stage NAME S s` (its wall time).
+# Each stage's wall time goes to RUNS/repo-repair-times.jsonl ({"stage", "seconds"} per line).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SYNTH=(--n 400) SFT=() RL=()
@@ -22,13 +22,11 @@ while [[ $# -gt 0 ]]; do
     *) usage ;;
   esac
 done
-stage() {  # stage NAME COMMAND...: run it, then print its wall time
-  local name=$1 start=$EPOCHREALTIME
-  shift
-  "$@"
-  echo "run.sh: stage $name $(python -c "print(f'{$EPOCHREALTIME - $start:.1f}')") s"
-}
 rm -rf "$RUNS/repo-repair-sft" "$RUNS/repo-repair-rl"
+mkdir -p "$RUNS"
+TIMES="$RUNS/repo-repair-times.jsonl"
+: > "$TIMES"
+source examples/stage.sh  # stage NAME COMMAND...: runs it, appends its wall time to $TIMES
 stage init thermik model init --preset qwen2-5m --seed "$SEED" --out "$RUNS/repo-repair-init" --overwrite
 stage synthesize thermik synthesize --env repo_repair --seed "$SEED" --out "$RUNS/repo-repair-data" "${SYNTH[@]}"
 stage sft thermik sft @ examples/repo_repair/sft.toml --seed "$SEED" --output_dir "$RUNS" \
