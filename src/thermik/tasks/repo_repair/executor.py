@@ -89,7 +89,13 @@ def run(request: dict) -> dict:
         ["/bin/bash", "-c", request["script"]], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
-    timed_out = read_output(proc, state, start + request["wall_s"], request["keep"])
+    deadline = start + request["wall_s"]
+    timed_out = read_output(proc, state, deadline, request["keep"])
+    if not timed_out:  # the output ended (EOF) before the script: it runs on until it exits or its time is up
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            timed_out = True
     kill_others(proc.pid)
     proc.wait()
     proc.stdout.close()
