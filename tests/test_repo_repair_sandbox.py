@@ -245,3 +245,13 @@ def test_without_bwrap_unshare_and_rlimits_hold_with_one_warning(
     assert [r for r in caplog.records if "bubblewrap" in r.getMessage()].__len__() == 1
     assert "apt-get install bubblewrap" in caplog.text
     assert "MemoryError" in result.output and result.output.split()[0] == "lo"
+
+
+@needs_bwrap
+def test_exit_codes_are_the_commands_own_even_when_output_ends_first(repo: Path) -> None:
+    with Sandbox(repo, SandboxLimits(wall_s=10)) as box:
+        assert {box.run("echo x").exit_code for _ in range(20)} == {0}
+        closed_early = box.run("exec >&- 2>&-; sleep 0.5; exit 4")
+        killed = box.run("kill -9 $$")
+    assert closed_early.exit_code == 4 and not closed_early.timed_out and closed_early.seconds >= 0.5
+    assert killed.exit_code == 137
