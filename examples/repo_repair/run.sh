@@ -28,7 +28,8 @@ TIMES="$RUNS/repo-repair-times.jsonl"
 : > "$TIMES"
 source examples/stage.sh  # stage NAME COMMAND...: runs it, appends its wall time to $TIMES
 stage init thermik model init --preset qwen2-5m --seed "$SEED" --out "$RUNS/repo-repair-init" --overwrite
-stage synthesize thermik synthesize --env repo_repair --seed "$SEED" --out "$RUNS/repo-repair-data" "${SYNTH[@]}"
+stage synthesize thermik synthesize --env repo_repair --seed "$SEED" --out "$RUNS/repo-repair-data" \
+  --config examples/repo_repair/rl.toml "${SYNTH[@]}"
 stage sft thermik sft @ examples/repo_repair/sft.toml --seed "$SEED" --output_dir "$RUNS" \
   --model.path "$RUNS/repo-repair-init" --train_path "$RUNS/repo-repair-data/sft.jsonl" ${SFT[@]+"${SFT[@]}"}
 stage rl thermik rl @ examples/repo_repair/rl.toml --seed "$SEED" --data.seed "$SEED" --output_dir "$RUNS" \
