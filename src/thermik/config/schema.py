@@ -211,6 +211,37 @@ class VerifiersConfig(Section):
     startup_timeout_s: float = Field(600.0, gt=0, description="Wait this long for the env server to start.")
 
 
+class RepoRepairConfig(Section):
+    """`repo_repair`: fix bugs in Python repositories in a sandbox (docs/environments.md, "repo_repair")."""
+
+    records: str = Field(
+        "", description="A jsonl of SWE-bench records (with repo_path: the repository on disk) to train on instead of "
+        "generated tasks; empty: generated tasks."
+    )  # fmt: skip
+    eval_records: str = Field("", description="The same for the held-out rows; empty: generated held-out tasks.")
+    tasks_dir: str = Field("", description="Where generated tasks are written; empty: the thermik cache directory.")
+    modules: int = Field(2, ge=1, le=5, description="Generated tasks: modules per package.")
+    distractors: int = Field(0, ge=0, le=20, description="Generated tasks: extra functions from other families.")
+    bugs: int = Field(1, ge=1, le=3, description="Generated tasks: injected bugs per task.")
+    name_function: bool = Field(True, description="Generated tasks: the problem statement names the failing call.")
+    scoring: Literal["all", "fraction"] = Field(
+        "all", description="'all': 1 only if the agent finished and every FAIL_TO_PASS and PASS_TO_PASS test passes; "
+        "'fraction': the fraction of them passing (after finish)."
+    )  # fmt: skip
+    mask_truncated: bool = Field(
+        False, description="Episodes that end without finish (turn or context limit) train on nothing."
+    )
+    step_penalty: float = Field(0.0, ge=0, description="Subtracted from the reward per turn taken.")
+    tools: Literal["mcp", "in-process"] = Field(
+        "mcp", description="'mcp': the tools are served by an MCP server per episode; 'in-process': called directly."
+    )
+    command_timeout_s: float = Field(30.0, gt=0, description="Wall-clock limit of one sandbox command.")
+    cpu_s: int = Field(30, ge=1, description="CPU seconds of one sandbox command (RLIMIT_CPU).")
+    memory_mb: int = Field(2048, ge=64, description="Address space of each sandbox process (MiB).")
+    processes: int = Field(64, ge=4, description="Most processes of one sandbox command.")
+    max_output_chars: int = Field(4000, ge=200, description="Tool outputs longer than this keep their head and tail.")
+
+
 class EnvConfig(Section):
     name: str = Field("calculator", description="Environment name from the registry or a 'pkg.mod:Class' path.")
     max_turns: int = Field(4, ge=1, description="Most assistant turns per episode.")
@@ -230,6 +261,9 @@ class EnvConfig(Section):
     )
     verifiers: VerifiersConfig = Field(
         default_factory=VerifiersConfig, description="verifiers v1 environments (env names verifiers:<taskset>)."
+    )
+    repo_repair: RepoRepairConfig = Field(
+        default_factory=RepoRepairConfig, description="The repo_repair environment and its generated tasks."
     )
     tool_parser: Literal["hermes", "qwen3_coder", "llama3"] = Field(
         "hermes", description="Tool-call text format the model writes (thermik.tools.parsers.TOOL_PARSERS)."

@@ -90,6 +90,10 @@ def _record_step(traj: Trajectory, episode: EpisodeSamples, out: StepOutput) -> 
     episode.add_reward(float(out.reward))
     for key in ("tool_calls", "tool_failures"):
         traj.env_metrics[key] = traj.env_metrics.get(key, 0.0) + float(out.metadata.get(key, 0))
+    for key, value in out.metadata.get("env_metrics", {}).items():  # an env's own metrics ("<env>/<name>")
+        traj.env_metrics[key] = traj.env_metrics.get(key, 0.0) + float(value)
+    if out.metadata.get("mask_episode"):  # the env asks that the episode train on nothing (e.g. it did not finish)
+        traj.env_metrics["masked"] = 1.0
 
 
 def _next_prompt(history: PromptHistory, episode: EpisodeSamples, limits: LoopLimits) -> NextPrompt | None:
@@ -205,7 +209,7 @@ async def run_episode(
                 break
     finally:
         _end_session(engine, run.session_id)  # the engine kept this episode's cache between turns
-    return episode.finish(run.overlong)
+    return episode.finish(run.overlong or traj.env_metrics.get("masked", 0.0) > 0)
 
 
 def _count_thinking(traj: Trajectory, chat: ChatTokenizer, sampled: list[int]) -> None:

@@ -45,4 +45,8 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         out["verifiers/branches_per_episode"] = fmean(t.env_metrics.get("verifiers_branches", 0.0) for t in trajs)
     for env, rs in by_env.items():
         out[f"reward/{env}/mean"] = fmean(rs)
+    for key in sorted({k for t in trajs for k in t.env_metrics if "/" in k}):  # env metrics: "<env>/<name>"
+        out[key] = fmean(t.env_metrics.get(key, 0.0) for t in trajs)
+    if any("masked" in t.env_metrics for t in trajs):
+        out["episodes/masked_frac"] = fmean(t.env_metrics.get("masked", 0.0) for t in trajs)
     return out

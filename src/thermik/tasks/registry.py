@@ -92,7 +92,10 @@ TASKS: dict[str, Task] = {
     "search": Task("thermik.tasks.search.env:SearchEnv", Generator(search_problem, search_row, search_solve)),
     "code": Task("thermik.tasks.code.env:CodeEnv", Generator(code_problem, code_row, code_solve)),
 }
+ROWS_MODULES: dict[str, str] = {"repo_repair": "thermik.tasks.repo_repair.generate"}
+"""Built-in tasks whose rows come from a module (`check`, `rows`, `solve`, as PREFIXED_GENERATORS'), by name."""
 TASK_ENVS: dict[str, str] = {name: task.env for name, task in TASKS.items() if task.env is not None}
+TASK_ENVS["repo_repair"] = "thermik.tasks.repo_repair.env:RepoRepairEnv"
 """The built-in env names -> "pkg.mod:Class", handed to thermik.envs.registry."""
 GENERATORS: dict[str, Generator] = {name: task.generator for name, task in TASKS.items()}
 PREFIXED_GENERATORS: dict[str, str] = {
@@ -140,14 +143,15 @@ def unregister(name: str) -> None:
 def _generator(env: str) -> Generator:
     if env not in GENERATORS:
         prefixed = ", ".join(f"{prefix}<name>" for prefix in PREFIXED_GENERATORS)
-        raise ValueError(
-            f"no synthetic generator for environment {env!r}; valid: {', '.join(sorted(GENERATORS))}, {prefixed}"
-        )
+        named = ", ".join(sorted([*GENERATORS, *ROWS_MODULES]))
+        raise ValueError(f"no synthetic generator for environment {env!r}; valid: {named}, {prefixed}")
     return GENERATORS[env]
 
 
 def _prefixed(env: str) -> Any:
-    """The rows module of an ecosystem's env name; None for other names."""
+    """The rows module of an ecosystem's env name (or of a task in ROWS_MODULES); None for other names."""
+    if env in ROWS_MODULES:
+        return importlib.import_module(ROWS_MODULES[env])
     for prefix, module in PREFIXED_GENERATORS.items():
         if env.startswith(prefix):
             return importlib.import_module(module)
