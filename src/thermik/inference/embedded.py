@@ -251,7 +251,7 @@ class EmbeddedEngine:
         with self._model_lock:
             copy_state(params, state)
             self.native.refresh()
-            self._drop_idle_slots()  # cached prefixes of finished requests were computed by the old weights
+            self._forget_idle_slots()  # cached prefixes of finished requests were computed by the old weights
             self._version += 1
             return self._version
 
@@ -262,6 +262,16 @@ class EmbeddedEngine:
         then does not add to the cache's. The next admission regrows the cache in one reallocation."""
         with self._model_lock:
             self._drop_idle_slots()
+
+    def _forget_idle_slots(self) -> None:
+        """Idle slots hold nothing reusable any more. With decode graphs the cache keeps its buffers (the graphs read
+        them: reallocating would mean capturing again); else it shrinks to the running slots (`_drop_idle_slots`)."""
+        if self.graphs is None:
+            self._drop_idle_slots()
+            return
+        for slot in self._slots:
+            if slot.request is None:
+                slot.tokens, slot.session_id = [], None
 
     def _drop_idle_slots(self) -> None:
         running = self._running()
