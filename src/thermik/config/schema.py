@@ -490,6 +490,16 @@ class TrainerConfig(Section):
         "architecture), pack a micro-batch's rows together, each attending only to itself, when that takes fewer "
         "rows than padding (same logprobs up to float rounding; training/packing.py).",
     )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward pass: far less activation memory "
+        "for about a third more compute per step (long sequences, large micro-batches; training/speed.py).",
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile each decoder layer (dynamic shapes): fuses the element-wise work; pays on a GPU at "
+        "RL sizes, the first steps take the compile time (training/speed.py).",
+    )
     max_off_policy_steps: int = Field(
         0,
         ge=0,
