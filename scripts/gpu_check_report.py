@@ -20,7 +20,8 @@ ORDER = ("env", "tests", "calculator", "generate", "mfu", "rl_sync")  # tests an
 TIMED_OUT = {"124", "137"}
 # Lines of the benchmark logs that carry the figures (benchmarks/trainer_mfu.py, benchmarks/engine_vs_hf.py).
 MFU_LINES = ("torch ", "bf16 peak:", "  peak:", "train step on", "  variant", "  full ", "  lora ")
-GENERATE_LINES = ("torch ", "throughput (", "  transformers generate", "  thermik ", "parity (", "  auto ", "  eager ", "  off ")
+GENERATE_LINES = ("torch ", "throughput (", "  transformers generate", "  thermik ", "parity (", "  auto ", "  eager ",
+                  "  off ")  # fmt: skip
 RL_KEYS = ("mismatch/logprob_abs_diff", "guards/parity_max_abs_diff", "time/weight_sync", "guards/weight_checksum_s",
            "time/generate", "time/train", "time/step", "reward/mean")  # fmt: skip
 
