@@ -395,12 +395,11 @@ def reference_logprobs(hf_model: PreTrainedModel, prompt_ids: list[list[int]], t
     mask = torch.zeros_like(ids)
     for i, row in enumerate(rows):
         ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
-    logits = hf_model(input_ids=ids.to(hf_model.device), attention_mask=mask.to(hf_model.device)).logits.float()
-    logp = logits.log_softmax(-1).cpu()
+    logits = hf_model(input_ids=ids.to(hf_model.device), attention_mask=mask.to(hf_model.device)).logits
     out = []
-    for i, (p, t) in enumerate(zip(prompt_ids, tokens, strict=True)):
-        at = torch.arange(len(p) - 1, len(p) - 1 + len(t))
-        out.append(logp[i, at, torch.tensor(t)].tolist())
+    for i, (p, t) in enumerate(zip(prompt_ids, tokens, strict=True)):  # row by row: no float32 [B, L, V] copy
+        logp = logits[i, len(p) - 1 : len(p) - 1 + len(t)].float().log_softmax(-1)
+        out.append(logp.gather(-1, torch.tensor(t, device=logp.device)[:, None])[:, 0].tolist())
     return out
 
 
