@@ -100,9 +100,9 @@ stage_mfu() {
   fi
   "$PY" benchmarks/trainer_mfu.py --device "$DEVICE" --shape qwen2.5-0.5b --only full --batch 8 --seq 512 --rounds 3 \
     --peak-matmul 8192 --peak-repeats 3 || rc=1
-  # The RL size: 16 rows of 2,048 tokens in micro-batches of 8 rows, bf16-mixed, also with activation checkpointing;
+  # The RL size: 16 rows of 2,048 tokens in one micro-batch, bf16-mixed, also with activation checkpointing;
   # then with trainer.compile (its warm-up step compiles; last, so a slow compile cuts nothing else).
-  local rl_size=(--device "$DEVICE" --shape qwen2.5-0.5b --only full --batch 16 --seq 2048 --micro 8 --rounds 3
+  local rl_size=(--device "$DEVICE" --shape qwen2.5-0.5b --only full --batch 16 --seq 2048 --micro 16 --rounds 3
     --precisions bf16-mixed --peak-matmul 8192 --peak-repeats 3)
   "$PY" benchmarks/trainer_mfu.py "${rl_size[@]}" --speed checkpointing || rc=1
   "$PY" benchmarks/trainer_mfu.py "${rl_size[@]}" --speed compile || rc=1

@@ -147,6 +147,8 @@ class DecodeGraphs:
         """Drop the graphs when the cache's buffers were reallocated (they hold the old ones)."""
         if cache.generation != self._cache_generation:
             self._steps.clear()
+            if self._pool is not None:  # the dropped graphs were the old pool's last users: it is gone with them
+                self._pool = torch.cuda.graph_pool_handle()
             self._cache_generation = cache.generation
 
     def _step(self, bucket: int, span: int, cache: SlotKVCache) -> _Step:
