@@ -64,3 +64,19 @@ def test_a_model_without_decoder_layers_is_refused() -> None:
         apply_train_speed(torch.nn.Linear(2, 2), activation_checkpointing=False, compile=True)
     with pytest.raises(ThermikError, match="activation checkpointing"):
         apply_train_speed(torch.nn.Linear(2, 2), activation_checkpointing=True, compile=False)
+
+
+def test_the_learner_applies_the_trainer_settings(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """trainer.activation_checkpointing reaches the policy the learner trains (the reference copy stays plain)."""
+    from conftest import short_rl_config
+
+    from thermik.models.loading import load_model, load_tokenizer
+    from thermik.training.learner import build_learner
+
+    trainer = {"activation_checkpointing": True}
+    cfg = short_rl_config(
+        tmp_path, tiny_model_dir, "speed", "reverse_text", trainer=trainer, algorithm={"kl_coef": 0.1}
+    )
+    learner = build_learner(cfg, load_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir)))
+    assert learner.policy.is_gradient_checkpointing
+    assert learner.ref is not None and not learner.ref.is_gradient_checkpointing
