@@ -90,6 +90,7 @@ def _embedded_engine(policy: torch.nn.Module, chat: ChatTokenizer, cfg: Inferenc
         num_threads=cfg.num_threads,
         kv_cache_gb=cfg.kv_cache_gb,
         precision=cfg.precision,
+        decode_graphs=cfg.decode_graphs,
     )
 
 

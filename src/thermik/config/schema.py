@@ -110,6 +110,10 @@ class InferenceConfig(Section):
         None, gt=0, description="Embedded: KV cache budget in GiB (requests wait for room rather than grow past it); "
         "unset takes a quarter of the available RAM (of the free GPU memory on CUDA), inf sets none."
     )  # fmt: skip
+    decode_graphs: Literal["auto", "off"] = Field(
+        "auto", description="Embedded: 'auto' replays each decode step as a CUDA graph on a GPU (docs/gpu.md; the CPU "
+        "keeps its own decode); 'off' runs the eager forward everywhere."
+    )  # fmt: skip
     base_url: str = Field(
         "http://127.0.0.1:8000", description="Remote backend: server root (thermik inference, vLLM), without /v1."
     )
