@@ -15,7 +15,12 @@ or bfloat16) on `--device` (cpu, cuda), three measurements:
 2. Multi-turn: `--batch` concurrent 3-turn episodes (a `--context`-token prompt, `--turn-tokens` sampled
    tokens per turn, then a `--obs-tokens`-token observation), on the same engine with prefix/session reuse
    and with `reuse_prefixes=False` (every turn prefills the whole history).
-3. Weight update: `engine.update_weights_sync(state_dict)` (checks names and shapes, copies in place, bumps the
+3. Parity (`--only parity`): on the throughput prompts, greedy (temperature 0), `--max-tokens` each: the engine as
+   built by default (on a GPU its decode step replayed as CUDA graphs, inference/decode_graphs.py) against the same
+   fixed-shape step run eagerly (`decode_graphs="eager"`) and the native forward (`"off"`), with each one's wall time:
+   how many rows' tokens are identical, and each side's per-token logprobs against transformers' (its own copy of the
+   model, teacher-forced on the same tokens): the largest and the mean absolute difference.
+4. Weight update: `engine.update_weights_sync(state_dict)` (checks names and shapes, copies in place, bumps the
    version) against a plain loop of `param.copy_(tensor)` over the same state dict.
 
 Each measurement alternates the two sides `--repeats` times (so background load hits both alike) and reports
@@ -116,7 +121,9 @@ def hf_generate(model: PreTrainedModel, batch: list[list[int]], max_tokens: int)
     assert out.shape[1] == width + max_tokens
 
 
-def make_engine(model: PreTrainedModel, precision: str | None, batch: int) -> EmbeddedEngine:
+def make_engine(
+    model: PreTrainedModel, precision: str | None, batch: int, decode_graphs: str = "auto"
+) -> EmbeddedEngine:
     """The engine on its own copy of `model`: as `inference.precision` builds it, or (None) on the model's dtype and
     PyTorch's products."""
     model = copy.deepcopy(model)
@@ -125,7 +132,10 @@ def make_engine(model: PreTrainedModel, precision: str | None, batch: int) -> Em
         apply_precision(model, precision)
         param = next(model.parameters())
         formats = projection_formats(precision, param.dtype, param.device)
-    engine = EmbeddedEngine(model, eos_token_ids=(), pad_token_id=PAD, max_batch_size=batch, weight_formats=formats)
+    engine = EmbeddedEngine(
+        model, eos_token_ids=(), pad_token_id=PAD, max_batch_size=batch, weight_formats=formats,
+        decode_graphs=decode_graphs,
+    )  # fmt: skip
     times = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in engine.native.format_times.items())
     print(f"  thermik {precision or 'model dtype'}: projection weights {engine.native.weight_format}" + (
         f" (timed: {times})" if times else ""))  # fmt: skip
@@ -376,6 +386,50 @@ def weight_update(model: PreTrainedModel, args: argparse.Namespace) -> None:
     print(f"  state_dict copy {base:7.2f} ms   engine.update_weights {ours:7.2f} ms   ratio {ours / base:.2f}x")
 
 
+@torch.inference_mode()
+def reference_logprobs(hf_model: PreTrainedModel, prompt_ids: list[list[int]], tokens: list[list[int]]) -> list:
+    """transformers' logprob of each sampled token (teacher-forced, right-padded batch), per row."""
+    rows = [p + t for p, t in zip(prompt_ids, tokens, strict=True)]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), PAD)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
+    logits = hf_model(input_ids=ids.to(hf_model.device), attention_mask=mask.to(hf_model.device)).logits
+    out = []
+    for i, (p, t) in enumerate(zip(prompt_ids, tokens, strict=True)):  # row by row: no float32 [B, L, V] copy
+        logp = logits[i, len(p) - 1 : len(p) - 1 + len(t)].float().log_softmax(-1)
+        out.append(logp.gather(-1, torch.tensor(t, device=logp.device)[:, None])[:, 0].tolist())
+    return out
+
+
+def parity(model: PreTrainedModel, args: argparse.Namespace) -> None:
+    """Greedy tokens of the default engine vs its fixed-shape step run eagerly and the native forward, and each
+    side's per-token logprobs vs transformers; prints the table (module docstring, 3.)."""
+    hf_model = copy.deepcopy(model)
+    prompt_ids = prompts(args.batch, args.prompt_tokens, model.config.vocab_size, args.seed)
+    params = [SamplingParams(max_tokens=args.max_tokens, temperature=0.0)] * args.batch
+    gens, seconds = {}, {}
+    for mode in ("auto", "eager", "off"):
+        engine = make_engine(model, args.precision, args.batch, mode)
+        engine.reuse_prefixes = False  # every run prefills its prompts: the timed runs do the same work
+        engine.generate_batch(prompt_ids, params)  # warm-up (captures the graphs)
+        synchronize()
+        t0 = now()
+        gens[mode] = engine.generate_batch(prompt_ids, params)
+        synchronize()
+        seconds[mode] = now() - t0
+        asyncio.run(engine.close())
+    print(f"parity ({args.name}, {args.dtype}, {args.device}, batch {args.batch}, {args.max_tokens} greedy tokens):")
+    for mode, rows in gens.items():
+        same = sum(g.token_ids == a.token_ids for g, a in zip(rows, gens["auto"], strict=True))
+        ref = reference_logprobs(hf_model, prompt_ids, [g.token_ids for g in rows])
+        diffs = torch.tensor([g.logprobs for g in rows]) - torch.tensor(ref)
+        print(f"  {mode:5s} {args.batch * args.max_tokens / seconds[mode]:8.0f} tok/s  rows identical to auto "
+              f"{same}/{len(rows)}  |logprob - transformers| max {float(diffs.abs().max()):.4f} mean "
+              f"{float(diffs.abs().mean()):.5f}")  # fmt: skip
+
+
 def load(args: argparse.Namespace) -> PreTrainedModel:
     """The model in --dtype on --device: a --shape built with random weights, else --model or a fresh --preset."""
     dtype = getattr(torch, args.dtype)
@@ -410,7 +464,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", choices=("throughput", "multi_turn", "weight_update"), nargs="*")
+    parser.add_argument("--only", choices=("throughput", "parity", "multi_turn", "weight_update"), nargs="*")
     add_clock_argument(parser)
     args = parser.parse_args(argv)
     set_clock(args.clock)
@@ -427,7 +481,8 @@ def main(argv: list[str] | None = None) -> None:
         f"torch {torch.__version__}, {threads} threads, {args.name} in {args.dtype} on {args.device}{gpu}, "
         f"{args.clock} clock"
     )
-    for name, fn in (("throughput", throughput), ("multi_turn", multi_turn), ("weight_update", weight_update)):
+    sections = (("throughput", throughput), ("parity", parity), ("multi_turn", multi_turn))
+    for name, fn in (*sections, ("weight_update", weight_update)):
         if not args.only or name in args.only:
             fn(model, args)
 

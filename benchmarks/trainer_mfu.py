@@ -24,6 +24,10 @@ parameters of the matrix products: every Linear of the decoder plus the lm head 
 products). Attention's own score/value products (12 * layers * hidden * seq per token, PaLM's accounting, halved for
 causal; forward + backward = 3x the forward either way, their inputs need gradients) are added to both.
 
+`--speed compile checkpointing` adds the full fine-tune in bf16-mixed with `trainer.compile` (each decoder layer
+through torch.compile; its warm-up step pays the compile) and with `trainer.activation_checkpointing`
+(training/speed.py); the MFU counts the model's FLOPs only, so checkpointing's recomputed forward lowers it.
+
 `--before` adds "full float32-before": the float32 full fine-tune as main ran it before the vocabulary kernels and
 fused AdamW (training/vocab_logprobs.py, training/optim.py): a float32 log-softmax over the whole [B, T, V] logits,
 gather, the entropy from it, and AdamW's per-tensor loop. It is the float32 step the bf16-mixed speed-up is
@@ -55,6 +59,7 @@ from thermik.models.presets import PRESETS, SHAPES, init_model, shape_config
 from thermik.training.batch import TokenBatch
 from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer
+from thermik.training.speed import apply_train_speed
 from thermik.training.update import policy_update
 
 CPU = torch.device("cpu")
@@ -94,9 +99,13 @@ def logprobs_before(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     return logp_all.gather(-1, targets[..., None]).squeeze(-1), entropy
 
 
-def make_variant(base: PreTrainedModel, lora: bool, precision: str, batch: TokenBatch, args) -> Variant:
-    """A variant's own model copy and optimizer, and one update step on `batch` through `policy_update`."""
+def make_variant(
+    base: PreTrainedModel, lora: bool, precision: str, batch: TokenBatch, args, speed: str = ""
+) -> Variant:
+    """A variant's own model copy and optimizer, and one update step on `batch` through `policy_update`. `speed`:
+    "compile" or "checkpointing" (trainer.compile, trainer.activation_checkpointing: training/speed.py)."""
     model = copy.deepcopy(base).train()
+    apply_train_speed(model, activation_checkpointing=speed == "checkpointing", compile=speed == "compile")
     if lora:
         from thermik.training.lora import apply_lora
 
@@ -114,7 +123,7 @@ def make_variant(base: PreTrainedModel, lora: bool, precision: str, batch: Token
         with mock.patch("thermik.training.batch.vocab_logprobs", logprobs_before):
             return policy_update(model, None, batch, setup, optimizer, scheduler)
 
-    return Variant(f"{'lora' if lora else 'full'} {precision}", lora, precision, step)
+    return Variant(f"{'lora' if lora else 'full'} {precision}{' ' + speed if speed else ''}", lora, precision, step)
 
 
 def matmul_shapes(model: PreTrainedModel) -> list[tuple[str, int, int, int]]:
@@ -230,6 +239,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--before", action="store_true", help="add the full float32 step as main ran it before")
+    parser.add_argument(
+        "--speed",
+        nargs="*",
+        choices=("compile", "checkpointing"),
+        default=[],
+        help="add full bf16-mixed variants with trainer.compile / trainer.activation_checkpointing",
+    )
     parser.add_argument("--precisions", nargs="*", choices=("float32", "bf16-mixed"), default=["float32", "bf16-mixed"])
     add_clock_argument(parser)
     args = parser.parse_args(argv)
@@ -273,6 +289,8 @@ def main(argv: list[str] | None = None) -> list[Variant]:
     variants = [make_variant(model, kind == "lora", p, batch, args) for kind in kinds for p in precisions]
     if args.before and "full" in kinds:
         variants.append(make_variant(model, False, "float32-before", batch, args))
+    for speed in args.speed:  # the full fine-tune in bf16-mixed with trainer.compile / activation_checkpointing
+        variants.append(make_variant(model, False, "bf16-mixed", batch, args, speed))
     run(variants, args.rounds, device)
     report(model, variants, args, peak)
     return variants

@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ORDER = ("env", "tests", "calculator", "mfu", "generate", "rl_sync")  # tests and calculator run side by side
+ORDER = ("env", "tests", "calculator", "generate", "mfu", "rl_sync")  # tests and calculator run side by side
 TIMED_OUT = {"124", "137"}
 # Lines of the benchmark logs that carry the figures (benchmarks/trainer_mfu.py, benchmarks/engine_vs_hf.py).
 MFU_LINES = ("torch ", "bf16 peak:", "  peak:", "train step on", "  variant", "  full ", "  lora ")
-GENERATE_LINES = ("torch ", "throughput (", "  transformers generate", "  thermik ")
+GENERATE_LINES = ("torch ", "throughput (", "  transformers generate", "  thermik ", "parity (", "  auto ", "  eager ",
+                  "  off ")  # fmt: skip
 RL_KEYS = ("mismatch/logprob_abs_diff", "guards/parity_max_abs_diff", "time/weight_sync", "guards/weight_checksum_s",
            "time/generate", "time/train", "time/step", "reward/mean")  # fmt: skip
 

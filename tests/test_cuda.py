@@ -245,3 +245,31 @@ def test_thermik_sft_on_cuda(tmp_path: Path, tiny_model_dir: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "cuda-sft" / "sft_result.json").read_text())["steps"] == 6
     assert (tmp_path / "cuda-sft" / "model" / "model.safetensors").is_file()
+
+
+def test_decode_graphs_on_cuda_equal_the_eager_step_and_survive_a_weight_update(cpu_model: torch.nn.Module) -> None:
+    """The engine's default on a GPU replays its decode step as CUDA graphs: greedy tokens and logprobs equal the same
+    step run eagerly, before and after an in-place weight update, which re-uses the graphs (no new capture)."""
+    engines = {
+        mode: embedded_engine(on_cuda(cpu_model), "bfloat16", eos_token_ids=[EOS], pad_token_id=0, decode_graphs=mode)
+        for mode in ("capture", "eager")
+    }
+    graphs = engines["capture"].graphs
+    assert graphs is not None and graphs.mode == "capture"
+    greedy = [SamplingParams(max_tokens=16, temperature=0.0)] * len(PROMPTS)
+    before = {mode: e.generate_batch(PROMPTS, greedy) for mode, e in engines.items()}
+    captures, replays = graphs.captures, graphs.replays
+    assert captures > 0 and replays > 0
+    new = {k: v * 1.02 for k, v in cpu_model.state_dict().items()}
+    after = {}
+    for mode, engine in engines.items():
+        assert engine.update_weights_sync(new) == 1
+        after[mode] = engine.generate_batch(PROMPTS, greedy)
+        asyncio.run(engine.close())
+    assert graphs.captures == captures and graphs.replays > replays  # re-used, not re-captured
+    for results in (before, after):
+        for ours, eager in zip(results["capture"], results["eager"], strict=True):
+            assert ours.token_ids == eager.token_ids
+            assert max(abs(a - b) for a, b in zip(ours.logprobs, eager.logprobs, strict=True)) <= 1e-3
+    assert [g.logprobs for g in after["capture"]] != [g.logprobs for g in before["capture"]]  # the new weights
+    assert all(g.weight_versions == [1] * len(g.token_ids) for g in after["capture"])

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import cli_env, needs_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["env", "tests", "calculator", "mfu", "generate", "rl_sync"]
+STAGES = ["env", "tests", "calculator", "generate", "mfu", "rl_sync"]
 
 
 def gpu_check(out: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -39,6 +39,8 @@ def test_gpu_check_runs_every_stage_on_the_cpu(tmp_path: Path) -> None:
     assert any("MFU(128^3 bf16)" in line for line in results["trainer_mfu"])
     assert any(line.startswith("  transformers generate") for line in results["generation"])
     assert any(line.startswith("  thermik ") and "ratio to transformers" in line for line in results["generation"])
+    parity = [line for line in results["generation"] if line.startswith(("  auto ", "  eager ", "  off "))]
+    assert len(parity) == 3 and all("rows identical to auto 4/4" in line for line in parity)
     for run in results["rl_sync"]:
         assert run["steps"] == 2
         assert {"mismatch/logprob_abs_diff", "guards/parity_max_abs_diff", "time/weight_sync"} <= set(run)
@@ -54,7 +56,7 @@ def test_a_failing_stage_is_recorded_and_the_next_one_runs(tmp_path: Path) -> No
     proc = gpu_check(tmp_path / "out", "--device", "cuda:99", "--quick", "--stages", "mfu,generate", timeout=600)
     assert proc.returncode == 1, proc.stdout[-4000:]
     results = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert [(s["stage"], s["rc"] != "0") for s in results["stages"]] == [("mfu", True), ("generate", True)]
+    assert [(s["stage"], s["rc"] != "0") for s in results["stages"]] == [("generate", True), ("mfu", True)]
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "## mfu: FAILED, last lines of its log" in summary and "## generate: FAILED" in summary
 

@@ -93,6 +93,7 @@ def _embedded_engine(
         kv_cache_gb=cfg.kv_cache_gb,
         precision=cfg.precision,
         precision_asked_by=precision_asked_by,
+        decode_graphs=cfg.decode_graphs,
     )
 
 

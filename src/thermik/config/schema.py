@@ -110,6 +110,10 @@ class InferenceConfig(Section):
         None, gt=0, description="Embedded: KV cache budget in GiB (requests wait for room rather than grow past it); "
         "unset takes a quarter of the available RAM (of the free GPU memory on CUDA), inf sets none."
     )  # fmt: skip
+    decode_graphs: Literal["auto", "off"] = Field(
+        "auto", description="Embedded: 'auto' replays each decode step as a CUDA graph on a GPU (docs/gpu.md; the CPU "
+        "keeps its own decode); 'off' runs the eager forward everywhere."
+    )  # fmt: skip
     base_url: str = Field(
         "http://127.0.0.1:8000", description="Remote backend: server root (thermik inference, vLLM), without /v1."
     )
@@ -553,6 +557,16 @@ class TrainerConfig(Section):
         description="Where the shared-prompt forward does not apply (shared_prefix off, prompts not shared, another "
         "architecture), pack a micro-batch's rows together, each attending only to itself, when that takes fewer "
         "rows than padding (same logprobs up to float rounding; training/packing.py).",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward pass: far less activation memory "
+        "for about a third more compute per step (long sequences, large micro-batches; training/speed.py).",
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile each decoder layer (dynamic shapes): fuses the element-wise work; pays on a GPU at "
+        "RL sizes, the first steps take the compile time (training/speed.py).",
     )
     max_off_policy_steps: int = Field(
         0,

@@ -49,6 +49,7 @@ from thermik.inference.base import (
     check_request,
     next_version,
 )
+from thermik.inference.decode_graphs import MODES, DecodeGraphs
 from thermik.inference.hf_engine import HFEngine
 from thermik.inference.kv_cache import KVCacheBudgetError, default_budget_bytes
 from thermik.inference.native_model import NativeCausalLM
@@ -59,6 +60,7 @@ from thermik.models.architecture import unsupported_reason
 Detokenize = Callable[[list[int]], str]
 MIN_SHARED_PREFIX = 16  # tokens: a shorter prefix shared by admitted prompts is not worth a forward of its own
 INITIAL_CACHE_LEN = 128  # positions per slot of a new (or emptied) KV cache; it grows by doubling
+_NATIVE_ONLY = ("detokenize", "gather_window_s", "reuse_prefixes", "num_threads", "kv_cache_gb", "decode_graphs")
 _LIVE_ENGINES: weakref.WeakSet[EmbeddedEngine] = weakref.WeakSet()
 
 
@@ -131,11 +133,14 @@ class EmbeddedEngine:
         num_threads: int = 0,
         kv_cache_gb: float | None = None,
         weight_formats: tuple[str, ...] = ("blas",),
+        decode_graphs: str = "auto",
     ) -> None:
         """`kv_cache_gb`: the KV cache's budget in GiB (2^30 bytes); None takes a quarter of the available RAM (on
         CUDA, of the free GPU memory; `kv_cache.default_budget_bytes` says why), `math.inf` sets no budget.
         `weight_formats`: the projections' weight formats to choose from (`NativeCausalLM`; cpu/precision.py's
-        `projection_formats` for a precision name)."""
+        `projection_formats` for a precision name). `decode_graphs`: "auto" replays the decode step as CUDA graphs on a
+        GPU and keeps the native forward on a CPU; "capture", "eager" (the same fixed-shape step, not captured) or
+        "off" (the native forward) force one (decode_graphs.py)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if kv_cache_gb is not None and not kv_cache_gb > 0:
@@ -152,6 +157,7 @@ class EmbeddedEngine:
         self.device = next(model.parameters()).device
         self._vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.graphs = _decode_graphs(self.native, decode_graphs, self.device)
         self._version = 0
         if kv_cache_gb is None:
             budget = default_budget_bytes(self.device)
@@ -246,7 +252,7 @@ class EmbeddedEngine:
         with self._model_lock:
             copy_state(params, state)
             self.native.refresh()
-            self._drop_idle_slots()  # cached prefixes of finished requests were computed by the old weights
+            self._forget_idle_slots()  # cached prefixes of finished requests were computed by the old weights
             self._version = next_version(self._version, version)
             return self._version
 
@@ -257,6 +263,16 @@ class EmbeddedEngine:
         then does not add to the cache's. The next admission regrows the cache in one reallocation."""
         with self._model_lock:
             self._drop_idle_slots()
+
+    def _forget_idle_slots(self) -> None:
+        """Idle slots hold nothing reusable any more. With decode graphs the cache keeps its buffers (the graphs read
+        them: reallocating would mean capturing again); else it shrinks to the running slots (`_drop_idle_slots`)."""
+        if self.graphs is None:
+            self._drop_idle_slots()
+            return
+        for slot in self._slots:
+            if slot.request is None:
+                slot.tokens, slot.session_id = [], None
 
     def _drop_idle_slots(self) -> None:
         running = self._running()
@@ -623,6 +639,8 @@ class EmbeddedEngine:
         # Idle rows of a dense step write at their length, which every slot keeps below the cache's.
         self._make_room(max(len(self._slots[i].tokens) for i in running) + 2, running)
         running = self._running()  # renumbered if idle slots were evicted
+        if self.graphs is not None and self.graphs.fits(len(running)):
+            return self._decode_step_static(running)
         hi = running[-1] + 1
         dense = 2 * len(running) >= hi  # mostly-busy rows: compute on the contiguous slice, reading views
         index = list(range(hi)) if dense else running
@@ -634,6 +652,15 @@ class EmbeddedEngine:
         for i in running:
             self._slots[i].tokens.append(self._slots[i].next_token)
         self._sample_and_record(running, logits[running] if dense else logits)
+
+    def _decode_step_static(self, running: list[int]) -> None:
+        """`_decode_step` as one fixed-shape step (a CUDA graph replay on a GPU): decode_graphs.py."""
+        slots = [self._slots[i] for i in running]
+        logits = self.graphs.decode(self._cache, [s.next_token for s in slots], running, [len(s.tokens) for s in slots])
+        self.num_forwards += 1
+        for slot in slots:
+            slot.tokens.append(slot.next_token)
+        self._sample_and_record(running, logits)
 
     def _drop_cancelled(self, index: int) -> bool:
         slot = self._slots[index]
@@ -655,7 +682,11 @@ class EmbeddedEngine:
         fused = fused_sample(logits, temperature, top_k, top_p, min_p, self._generator, generators)
         if fused is None:
             ids = sample(process_logits(logits, temperature, top_k, top_p, min_p), self._generator, generators)
-            logp = token_logprobs(logits, ids, temperature).tolist()
+            logp_t = token_logprobs(logits, ids, temperature)
+            if logits.is_cuda:  # one copy to the host (one synchronisation) for the step's ids and logprobs
+                ids, logp = _to_host(ids, logp_t)
+            else:
+                logp = logp_t.tolist()
         else:
             ids, logp = fused[0], fused[1].tolist()
         top = self._top_logprobs(logits, temperature, params)
@@ -700,6 +731,21 @@ class EmbeddedEngine:
         return None
 
 
+def _to_host(ids: torch.Tensor, logprobs: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+    """(ids on the CPU, logprobs as floats) in one device-to-host copy (float64 holds every token id exactly)."""
+    both = torch.stack([ids.double(), logprobs.double()]).cpu()
+    return both[0].long(), both[1].tolist()
+
+
+def _decode_graphs(native: NativeCausalLM, mode: str, device: torch.device) -> DecodeGraphs | None:
+    """The engine's fixed-shape decode step for `mode` ("auto": captured on CUDA, none elsewhere), or None."""
+    if mode not in ("auto", "off", *MODES):
+        raise ValueError(f"decode_graphs must be 'auto', 'off', 'capture' or 'eager', got {mode!r}")
+    if mode == "auto":
+        mode = "capture" if device.type == "cuda" else "off"
+    return None if mode == "off" else DecodeGraphs(native, mode)
+
+
 def embedded_engine(
     model: PreTrainedModel, precision: str = "model", precision_asked_by: str | None = None, **kwargs
 ) -> EmbeddedEngine | HFEngine:
@@ -726,6 +772,6 @@ def embedded_engine(
         f"embedded engine: {reason}; falling back to static batches on transformers (slower, no session reuse)",
         stacklevel=2,
     )
-    for native_only in ("detokenize", "gather_window_s", "reuse_prefixes", "num_threads", "kv_cache_gb"):
+    for native_only in _NATIVE_ONLY:
         kwargs.pop(native_only, None)
     return HFEngine(model, **kwargs)

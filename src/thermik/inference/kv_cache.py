@@ -84,6 +84,7 @@ class SlotKVCache:
             num_slots = max(1, min(num_slots, positions // max_len))
         self.keys = [self._empty(num_slots, max_len) for _ in range(num_layers)]
         self.values = [self._empty(num_slots, max_len) for _ in range(num_layers)]
+        self.generation = 0  # bumped whenever the buffers are reallocated (CUDA graphs hold the old ones)
 
     def _empty(self, num_slots: int, max_len: int) -> Tensor:
         heads, dim = self.shape_tail
@@ -138,6 +139,7 @@ class SlotKVCache:
         if len(keep) > num_slots:
             raise ValueError(f"cannot keep {len(keep)} slots in {num_slots}")
         length = min(max_len, self.max_len)
+        self.generation += 1
         for buffers in (self.keys, self.values):
             for i, old in enumerate(buffers):
                 new = self._empty(num_slots, max_len)

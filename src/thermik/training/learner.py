@@ -10,6 +10,7 @@ the learner step (advantages, critic, reference and KL, the update, the KL contr
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from thermik.training.loss import LossSetup
 from thermik.training.optim import build_optimizer
 from thermik.training.precision import autocast_dtype
 from thermik.training.shaping import apply_distillation, assign_advantages
+from thermik.training.speed import apply_train_speed
 from thermik.training.teacher import Teacher, build_teacher
 from thermik.training.update import logprobs_no_grad, policy_update
 
@@ -92,6 +94,9 @@ def build_learner(
     scheduler) around the policy, for data parallelism (after the reference copied the plain policy)."""
     autocast = autocast_dtype(cfg.model, policy)  # before the reference copies the policy (its lm head too)
     ref = reference.build_reference(policy, cfg.algorithm)
+    applied = apply_train_speed(policy, cfg.trainer.activation_checkpointing, cfg.trainer.compile)  # after the copy
+    if applied:
+        print(f"thermik trainer: {', '.join(applied)}", file=sys.stderr)
     trained, optimizer, scheduler = (wrap or (lambda m: (m, *build_optimizer(m, cfg.trainer.optimizer))))(policy)
     return Learner(
         cfg=cfg,
