@@ -24,6 +24,8 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic_core import to_jsonable_python
 
+from thermik.errors import ThermikError
+
 M = TypeVar("M", bound=BaseModel)
 
 ENV_PREFIX = "THERMIK_"
@@ -34,8 +36,10 @@ _HELP_FLAGS = ("-h", "--help")
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-class ConfigError(ValueError):
+class ConfigError(ThermikError, ValueError):
     """A config key or value is wrong; the message names the dotted key and the fix."""
+
+    exit_code = 2
 
 
 # ---------------------------------------------------------------------------------------

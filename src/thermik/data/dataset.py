@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from thermik.errors import ThermikError
+
 REQUIRED_FIELDS: dict[str, type] = {
     "data_source": str,
     "env_class": str,
@@ -25,7 +27,7 @@ _JSON_COLUMNS = ("reward_spec", "extra_info")
 """Stored as JSON strings in parquet: their shapes differ per env and empty structs cannot be written."""
 
 
-class DatasetError(ValueError):
+class DatasetError(ThermikError, ValueError):
     """A dataset file or row is malformed; the message names the file, row and field."""
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from thermik.assembly import components
+from thermik.atomic import writable_dir
 from thermik.config.loader import dump_toml
 from thermik.config.schema import RunConfig, SFTConfig
 from thermik.data.chat_tokenizer import ChatTokenizer
@@ -62,8 +63,7 @@ def open_run(
     (or only its tokenizer, when the policy lives on other processes) and the metrics logger. `lora`: wrap the
     policy with the configured LoRA adapters (training does; evaluating model.path does not)."""
     components.seed_everything(cfg.seed)
-    out_dir = out_dir or cfg.run_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = writable_dir(out_dir or cfg.run_dir, "--output_dir")
     (out_dir / "config.toml").write_text(dump_toml(cfg))
     rl = isinstance(cfg, RunConfig)
     tool_format = cfg.env.tool_parser  # a template that ignores tools gets their schemas in this format
