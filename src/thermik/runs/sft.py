@@ -15,7 +15,7 @@ from thermik.assembly import components
 from thermik.atomic import publish_dir
 from thermik.config.schema import InferenceConfig, SamplingConfig, SFTConfig
 from thermik.data.conversations import DataOrder, encode_all, load_conversations
-from thermik.data.dataset import load_rows
+from thermik.data.disk import load_rows_from
 from thermik.inference.base import InferenceEngine
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, write_records
@@ -35,7 +35,7 @@ class SFTMode(Mode):
     def __init__(self, run: Run, cfg: SFTConfig) -> None:
         assert run.policy is not None
         self.run, self.cfg, self.model, self.chat = run, cfg, run.policy, run.chat
-        rows = load_conversations(cfg.train_path)
+        rows = load_conversations(cfg.train_path, cfg.columns, cfg.train_split)
         self.examples = encode_all(self.chat, rows, cfg.max_length, cfg.env.render_tools, cfg.train_roles)
         self.order = DataOrder(len(self.examples), cfg.seed)
         self.pack_tokens = (cfg.pack_length or cfg.max_length) if cfg.packing else 0
@@ -46,7 +46,7 @@ class SFTMode(Mode):
         self.engine: InferenceEngine | None = None  # built by the first held-out check
         self.make_env = components.env_factory(cfg.env, run.pool)
         self.held_out = (
-            load_rows(cfg.eval_path)[: cfg.eval_size]
+            load_rows_from(cfg.eval_path, cfg.columns, cfg.env.name, cfg.eval_split)[: cfg.eval_size]
             if cfg.eval_path
             else generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval", options=cfg.env)
         )
