@@ -149,6 +149,9 @@ def _cmd_model(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.action == "import":
         return run_import(args)
+    from thermik.atomic import writable_dir
+
+    writable_dir(args.out.parent, "--out")
     path = init_model(args.preset, args.out, seed=args.seed, overwrite=args.overwrite)
     print(f"saved {args.preset} to {path}")
     return 0
@@ -192,9 +195,13 @@ def _cmd_synthesize(argv: list[str]) -> int:
         llm.add_argument(f"--llm-{name.replace('_', '-')}", dest=f"llm_{name}", type=type(field.default),
                          default=field.default, help=field.description)  # fmt: skip
     args = p.parse_args(argv)
+    from thermik.atomic import writable_dir
     from thermik.tasks.synthesize import convert, synthesize
 
+    writable_dir(args.out, "--out")
     if args.from_conversations is not None:
+        if not args.from_conversations.is_file():
+            raise ThermikError(f"--from-conversations {args.from_conversations}: no such file")
         rows_path, count = convert(args.from_conversations, args.out, args.env_class)
         print(f"wrote {count} rows to {rows_path}")
         return 0
@@ -205,7 +212,7 @@ def _cmd_synthesize(argv: list[str]) -> int:
     try:
         check_generator(args.env)
     except ValueError as exc:
-        p.error(f"--env: {exc}")
+        raise ThermikError(f"--env: {exc}") from exc
     llm_cfg = None
     if args.llm_base_url:
         try:
