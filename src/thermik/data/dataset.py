@@ -126,8 +126,7 @@ def _pyarrow() -> Any:
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
-    pa = _pyarrow()
-    rows = pa.parquet.read_table(path).to_pylist()
+    rows = read_parquet_records(path)
     for i, row in enumerate(rows, start=1):
         for name in _JSON_COLUMNS:
             if isinstance(row.get(name), str):
@@ -139,6 +138,15 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
             # Parquet structs give every message every key; drop the keys a message did not have.
             row["prompt"] = [{k: v for k, v in m.items() if v is not None} for m in row["prompt"] if m is not None]
     return rows
+
+
+def read_parquet_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a parquet file; a file that is not parquet is a DatasetError naming it."""
+    pa = _pyarrow()
+    try:
+        return pa.parquet.read_table(path).to_pylist()
+    except pa.ArrowException as exc:
+        raise DatasetError(f"{path}: not a readable parquet file: {exc}") from None
 
 
 def _write_parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
