@@ -44,7 +44,7 @@ def load_tokenizer(path: str | Path, chat_template: str | Path = "") -> PreTrain
     if chat_template:
         template = Path(chat_template)
         if not template.is_file():
-            raise ModelPathError(f"--model.chat_template {template} is not a file (a jinja chat template)")
+            raise ModelPathError(f"--model.chat_template: {template} is not a file (a jinja chat template)")
         tokenizer.chat_template = template.read_text()
     return tokenizer
 
