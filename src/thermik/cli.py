@@ -198,10 +198,10 @@ def _cmd_synthesize(argv: list[str]) -> int:
     from thermik.atomic import writable_dir
     from thermik.tasks.synthesize import convert, synthesize
 
-    writable_dir(args.out, "--out")
     if args.from_conversations is not None:
         if not args.from_conversations.is_file():
             raise ThermikError(f"--from-conversations {args.from_conversations}: no such file")
+        writable_dir(args.out, "--out")
         rows_path, count = convert(args.from_conversations, args.out, args.env_class)
         print(f"wrote {count} rows to {rows_path}")
         return 0
@@ -212,7 +212,7 @@ def _cmd_synthesize(argv: list[str]) -> int:
     try:
         check_generator(args.env)
     except ValueError as exc:
-        raise ThermikError(f"--env: {exc}") from exc
+        raise ConfigError(f"--env: {exc}") from exc  # a bad argument: exit status 2, as argparse's
     llm_cfg = None
     if args.llm_base_url:
         try:
@@ -225,6 +225,7 @@ def _cmd_synthesize(argv: list[str]) -> int:
             options = load_config(RunConfig, ["@", str(args.config), "--env.name", args.env]).env
         except ConfigError as exc:
             p.error(f"--config: {exc}")
+    writable_dir(args.out, "--out")
     rows_path, sft_path = synthesize(
         args.env, args.n, args.out, split=args.split, seed=args.seed, llm=llm_cfg, options=options
     )
