@@ -109,6 +109,8 @@ CASES = [
     ),
     Case("sft-output-file", "sft --model.path {tiny} --train_path {sft_good} --output_dir {afile}/x", NOT_WRITABLE),
     Case("synthesize-out-file", "synthesize --env calculator --n 2 --out {afile}/x", NOT_WRITABLE),
+    Case("model-init-out-not-empty", "model init --preset qwen2-1m --out {notmpl}", ("is not empty", "--overwrite")),
+    Case("model-init-out-file", "model init --preset qwen2-1m --out {afile}/x", NOT_WRITABLE),
     Case("tinker-state-file", "tinker --model.path {tiny} --service.state_dir {afile}/x", NOT_WRITABLE),
 ]
 
@@ -163,8 +165,10 @@ def _run(case: Case, inputs: dict[str, str]) -> subprocess.CompletedProcess[str]
 
 
 @pytest.fixture(scope="module")
-def results(inputs: dict[str, str]) -> dict[str, subprocess.CompletedProcess[str]]:
-    cases = [c for c in CASES if not _skipped(c)]
+def results(inputs: dict[str, str], request: pytest.FixtureRequest) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Every selected row's result (`-k` runs only its rows), the commands run side by side."""
+    selected = {getattr(item, "callspec", None) and item.callspec.params.get("case") for item in request.session.items}
+    cases = [c for c in CASES if c in selected and not _skipped(c)]
     with ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2))) as pool:
         done = pool.map(lambda c: _run(c, inputs), cases)
         return {c.id: res for c, res in zip(cases, done, strict=True)}
