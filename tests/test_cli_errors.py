@@ -209,3 +209,17 @@ def test_a_prefix_break_ends_the_run_in_one_line(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(PrefixBreakError):  # --debug shows the traceback
         cli.main(["rl", "--debug"])
     monkeypatch.delenv("THERMIK_DEBUG", raising=False)
+
+
+def test_thermik_errors_cross_processes_whole() -> None:
+    """A Ray worker's error is pickled to its driver: subclasses whose constructors take other arguments survive."""
+    import pickle
+
+    from thermik.data.chat_tokenizer import MissingChatTemplateError
+    from thermik.envs.registry import UnknownEnvError
+    from thermik.models.loading import ModelPathError
+
+    for error in (UnknownEnvError("calculatr", ["calculator"]), ModelPathError("no dir", hint="make one"),
+                  MissingChatTemplateError("m"), PrefixBreakError("turn 2")):  # fmt: skip
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error) and back.hint == error.hint
