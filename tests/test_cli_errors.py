@@ -50,6 +50,7 @@ CASES = [
     Case("inference-model-missing", "inference --model.path {tmp}/nope", NOT_A_MODEL),
     Case("tinker-model-missing", "tinker --model.path {tmp}/nope", ("not a local Hugging Face model directory",)),
     Case("trainer-model-missing", "trainer --model.path {tmp}/nope", NOT_A_MODEL),
+    Case("orchestrator-model-missing", "orchestrator --model.path {tmp}/nope", NOT_A_MODEL),
     Case("replay-not-a-run", "replay {tmp}", ("is not a run directory", "--record")),
     Case(
         "synthesize-conversations-missing",
@@ -159,7 +160,7 @@ def _run(case: Case, inputs: dict[str, str]) -> subprocess.CompletedProcess[str]
     if case.setup is not None:
         case.setup(inputs)
     argv = shlex.split(case.argv.format(**inputs))
-    if argv[0] in ("rl", "eval", "sft", "trainer") and "--output_dir" not in argv:
+    if argv[0] in ("rl", "eval", "sft", "trainer", "orchestrator") and "--output_dir" not in argv:
         argv += ["--output_dir", str(cwd / "runs")]
     return run_thermik(*argv, cwd=cwd, timeout=600)
 
