@@ -164,11 +164,15 @@ def test_solve_calculator_emits_raw_tool_call_text():
 
 
 def test_generator_errors():
-    with pytest.raises(ValueError, match="no synthetic generator for environment 'chess'; valid: calculator"):
+    with pytest.raises(ValueError, match=r"unknown environment 'chess'; --env.name takes one of calculator"):
         generate_rows("chess", 1, 0)
+    with pytest.raises(ValueError, match=r"unknown environment 'calculatr' \(did you mean 'calculator'\?\)"):
+        generate_rows("calculatr", 1, 0)
+    with pytest.raises(ValueError, match=r"environment 'mcp' has no problem generator .*--data.train_path"):
+        generate_rows("mcp", 1, 0)
     with pytest.raises(ValueError, match="unknown split 'test'"):
         generate_rows("calculator", 1, 0, split="test")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="no synthetic generator"):
+    with pytest.raises(ValueError, match="unknown environment 'chess'"):
         solve(_row(env_class="chess"))
 
 

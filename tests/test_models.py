@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
+from thermik.errors import ThermikError
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.models.presets import PRESETS, build_config, count_parameters, count_preset_parameters, init_model
 from thermik.models.tokenizer import SPECIAL_TOKENS, TAG_TOKENS, VOCAB_SIZE, build_tokenizer
@@ -255,6 +256,8 @@ def test_loading_errors_name_the_path(tmp_path):
         load_model(missing)
     with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
         load_tokenizer(missing)
+    with pytest.raises(ThermikError, match="`thermik model init --preset qwen2-1m --out DIR` or import one with"):
+        load_model(missing)  # a one-line CLI error naming the commands that make a model, not a Python function
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         load_model(tmp_path / "empty")

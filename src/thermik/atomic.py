@@ -5,7 +5,7 @@ directory is replaced) none, never a partial one. Temporary and retired entries 
 target, so a directory scan can tell them apart and remove debris of a killed writer. `durable=True` also
 fsyncs what was written and the parent directory, so the result survives a power loss.
 
-Imports nothing from thermik: every layer may use it.
+Imports nothing from thermik but its error type: every layer may use it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from thermik.errors import ThermikError
+
 TMP_PREFIX = ".tmp_"
 
 
@@ -25,6 +27,22 @@ def temp_sibling(path: Path, label: str = "", unique: bool = True) -> Path:
     """`.tmp_<label><name>` next to `path`, with a random suffix when `unique` (concurrent or restarted writers)."""
     suffix = f"-{uuid.uuid4().hex[:8]}" if unique else ""
     return path.parent / f"{TMP_PREFIX}{label}{path.name}{suffix}"
+
+
+def writable_dir(path: str | Path, setting: str) -> Path:
+    """`path` made (parents too) and written to once, before any work: a directory that cannot be is a one-line error
+    naming `setting` (the option that chose it) and the OS error, not a traceback at the first write."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f"{TMP_PREFIX}write_check-{uuid.uuid4().hex[:8]}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ThermikError(
+            f"{setting} {path} is not a writable directory: {exc.strerror or exc}", hint=f"choose another {setting}"
+        ) from exc
+    return path
 
 
 def fsync_path(path: Path) -> None:

@@ -154,6 +154,9 @@ def _cmd_model(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.action == "import":
         return run_import(args)
+    from thermik.atomic import writable_dir
+
+    writable_dir(args.out.parent, "--out")
     path = init_model(args.preset, args.out, seed=args.seed, overwrite=args.overwrite)
     print(f"saved {args.preset} to {path}")
     return 0
@@ -197,9 +200,13 @@ def _cmd_synthesize(argv: list[str]) -> int:
         llm.add_argument(f"--llm-{name.replace('_', '-')}", dest=f"llm_{name}", type=type(field.default),
                          default=field.default, help=field.description)  # fmt: skip
     args = p.parse_args(argv)
+    from thermik.atomic import writable_dir
     from thermik.tasks.synthesize import convert, synthesize
 
     if args.from_conversations is not None:
+        if not args.from_conversations.is_file():
+            raise ThermikError(f"--from-conversations {args.from_conversations}: no such file")
+        writable_dir(args.out, "--out")
         rows_path, count = convert(args.from_conversations, args.out, args.env_class)
         print(f"wrote {count} rows to {rows_path}")
         return 0
@@ -210,7 +217,7 @@ def _cmd_synthesize(argv: list[str]) -> int:
     try:
         check_generator(args.env)
     except ValueError as exc:
-        p.error(f"--env: {exc}")
+        raise ConfigError(f"--env: {exc}") from exc  # a bad argument: exit status 2, as argparse's
     llm_cfg = None
     if args.llm_base_url:
         try:
@@ -223,6 +230,7 @@ def _cmd_synthesize(argv: list[str]) -> int:
             options = load_config(RunConfig, ["@", str(args.config), "--env.name", args.env]).env
         except ConfigError as exc:
             p.error(f"--config: {exc}")
+    writable_dir(args.out, "--out")
     rows_path, sft_path = synthesize(
         args.env, args.n, args.out, split=args.split, seed=args.seed, llm=llm_cfg, options=options
     )

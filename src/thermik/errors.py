@@ -20,6 +20,18 @@ class ThermikError(Exception):
         self.hint = hint
         super().__init__(f"{message}; {hint}" if hint else message)
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickle by state, not by constructor arguments (subclasses take other ones): a Ray worker's error arrives
+        whole in its driver."""
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type[ThermikError], args: tuple[object, ...], state: dict[str, object]) -> ThermikError:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class NothingDoneError(ThermikError):
     """A command ran to its end but did not do the work it was asked to do (no problem scored, no batch trained)."""

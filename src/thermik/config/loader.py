@@ -24,18 +24,22 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic_core import to_jsonable_python
 
+from thermik.errors import ThermikError
+
 M = TypeVar("M", bound=BaseModel)
 
 ENV_PREFIX = "THERMIK_"
 # THERMIK_* switches read at run time, not config keys: the CPU kernels (cpu/kernels.py), the simulated CPU
-# (cpu/isa.py) and "auto" pinned to float32 (cpu/precision.py).
-RUNTIME_VARIABLES = frozenset({"THERMIK_CPU_KERNELS", "THERMIK_CPU_ISA", "THERMIK_AUTO_PRECISION"})
+# (cpu/isa.py), "auto" pinned to float32 (cpu/precision.py) and tracebacks for user errors (cli.py, `--debug`).
+RUNTIME_VARIABLES = frozenset({"THERMIK_CPU_KERNELS", "THERMIK_CPU_ISA", "THERMIK_AUTO_PRECISION", "THERMIK_DEBUG"})
 _HELP_FLAGS = ("-h", "--help")
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-class ConfigError(ValueError):
+class ConfigError(ThermikError, ValueError):
     """A config key or value is wrong; the message names the dotted key and the fix."""
+
+    exit_code = 2
 
 
 # ---------------------------------------------------------------------------------------

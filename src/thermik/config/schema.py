@@ -922,8 +922,15 @@ class SFTConfig(Section):
     seed: int = Field(0, description="Global seed (weights of new adapters, the order of the training rows).")
     model: ModelConfig = Field(default_factory=ModelConfig, description="Model to fine-tune.")
     train_path: str = Field(
-        "", description="jsonl of {'messages': [...]} rows (from `thermik synthesize`) and/or {'prompt', 'completion'} "
-        "rows (strings or message lists)."
+        "", description="Conversations: .jsonl, .parquet, .arrow or a `datasets` save_to_disk directory of "
+        "{'messages': [...]} rows (from `thermik synthesize`) and/or {'prompt', 'completion'} rows (strings or message "
+        "lists); with columns.prompt set, that column and columns.answer (the completion) of any schema (docs/sft.md)."
+    )  # fmt: skip
+    train_split: str = Field("train", description="Split read from a save_to_disk DatasetDict for train_path.")
+    eval_split: str = Field("test", description="Split read from a save_to_disk DatasetDict for eval_path.")
+    columns: DataColumnsConfig = Field(
+        default_factory=DataColumnsConfig, description="Column mapping for datasets in another schema (as in "
+        "`thermik rl`; for train_path, columns.answer is the completion)."
     )  # fmt: skip
     train_roles: tuple[Role, ...] = Field(
         ("assistant",), min_length=1,
@@ -958,7 +965,10 @@ class SFTConfig(Section):
     )  # fmt: skip
     eval_every: int = Field(50, ge=0, description="Check held-out success every k steps; 0 disables the check.")
     eval_size: int = Field(64, ge=1, description="Held-out problems per check.")
-    eval_path: str = Field("", description="Held-out rows (jsonl or parquet); empty synthesizes env.name's eval split.")
+    eval_path: str = Field(
+        "", description="Held-out rows, read as `thermik rl` reads data.eval_path (.jsonl, .parquet, .arrow or a "
+        "save_to_disk directory; columns); empty synthesizes env.name's eval split."
+    )  # fmt: skip
     eval_temperature: float = Field(1.0, ge=0, description="Sampling temperature of the held-out check.")
     stop_at: float = Field(1.1, description="Stop once the held-out stop_metric reaches this; > 1 never stops.")
     stop_metric: Literal["success", "reward"] = Field("success", description="Held-out metric compared with stop_at.")

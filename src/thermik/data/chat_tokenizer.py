@@ -17,6 +17,7 @@ from collections.abc import Collection
 from typing import Any
 
 from thermik.envs.base import Message
+from thermik.errors import ThermikError
 from thermik.models.chat_template import (
     FALLBACK_CALL_INSTRUCTIONS,
     ToolsIgnoredWarning,
@@ -39,6 +40,16 @@ def fallback_tools_text(tools: list[dict[str, Any]], tool_format: str) -> str:
     return tools_system_text(tools, FALLBACK_CALL_INSTRUCTIONS[tool_format], example)
 
 
+class MissingChatTemplateError(ThermikError, ValueError):
+    """A model without a chat template: every command says so in one line, as `thermik model import` does."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"{model} has no chat template (thermik renders prompts and tool turns with it); pass one with "
+            "--model.chat_template FILE.jinja"
+        )
+
+
 class ChatTokenizer:
     """Wraps an HF tokenizer with a chat template; every method returns token ids, never text to re-tokenize."""
 
@@ -52,7 +63,7 @@ class ChatTokenizer:
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos_token; set eos_token to the end-of-turn token (e.g. <|im_end|>)")
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat_template; thermik needs one to render prompts and tool turns")
+            raise MissingChatTemplateError(getattr(tokenizer, "name_or_path", "") or "the tokenizer")
         self.eos_id: int = int(tokenizer.eos_token_id)
         self.stop_ids: tuple[int, ...] = tuple(
             sorted({self.eos_id} | ({int(tokenizer.pad_token_id)} if tokenizer.pad_token_id is not None else set()))

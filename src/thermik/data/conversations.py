@@ -6,45 +6,78 @@ Two row formats, mixed freely in one file (docs/sft.md):
 - `{"prompt": ..., "completion": ...}`: each a string (a user turn / an assistant turn) or a list of messages
   (TRL's conversational prompt-completion form).
 
+The rows come from any dataset on disk RL reads (`thermik.data.disk.read_records`: .jsonl, .parquet, .arrow, a
+save_to_disk directory); with a column mapping (`columns.prompt`, `columns.answer`) each record becomes a
+prompt/completion row instead.
+
 Both become one conversation, tokenized by the agent loop's own function (`ChatTokenizer.encode_conversation`), so
 SFT sequences are the sequences RL samples; `train_roles` says which messages carry loss.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
+from thermik.config.schema import DataColumnsConfig
 from thermik.data.chat_tokenizer import ChatTokenizer
+from thermik.data.dataset import DatasetError
+from thermik.data.disk import read_records
 from thermik.envs.base import Message
 
 Example = tuple[list[int], list[int]]  # (token ids, loss mask)
 
 
-def load_conversations(path: str) -> list[dict[str, Any]]:
-    """Rows of a jsonl file as {"messages", "tools"?} conversations (prompt/completion rows converted)."""
+def load_conversations(
+    path: str, columns: DataColumnsConfig | None = None, split: str = "train"
+) -> list[dict[str, Any]]:
+    """The records of a dataset on disk as {"messages", "tools"?} conversations (prompt/completion rows converted;
+    `columns.prompt` set: each record mapped onto a prompt/completion row). `split`: of a save_to_disk DatasetDict."""
     if not path:
-        raise ValueError("train_path is empty: pass --train_path FILE.jsonl (e.g. from `thermik synthesize`)")
-    rows = []
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
-            if line.strip():
-                rows.append(as_conversation(json.loads(line), f"{path}:{i}"))
+        raise DatasetError(
+            "train_path is empty: pass --train_path FILE (.jsonl, .parquet, .arrow or a save_to_disk directory; e.g. "
+            "from `thermik synthesize`)"
+        )
+    columns = columns or DataColumnsConfig()
+    records = read_records(Path(path), split)
+    rows = [
+        as_conversation(_mapped(r, columns, f"{path} row {i}"), f"{path} row {i}") for i, r in enumerate(records, 1)
+    ]
     if not rows:
-        raise ValueError(f"{path} holds no rows")
+        raise DatasetError(f"{path} holds no rows")
     return rows
 
 
-def as_conversation(row: dict[str, Any], where: str) -> dict[str, Any]:
-    """A messages row as it is; a prompt/completion row as the conversation prompt + completion."""
-    if "messages" in row:
-        return row
+def _mapped(record: Any, columns: DataColumnsConfig, where: str) -> Any:
+    """A record of another schema as a prompt/completion row: the prompt column (after columns.system_prompt), the
+    answer column as the completion."""
+    if not columns.prompt or not isinstance(record, dict):
+        return record
+    for name in (columns.prompt, columns.answer):
+        if not name or name not in record:
+            raise DatasetError(
+                f"{where}: no column {name!r} (SFT maps columns.prompt and columns.answer, the completion); columns: "
+                f"{', '.join(sorted(record))}"
+            )
+    prompt = _turns(record[columns.prompt], "user", where)
+    system = [{"role": "system", "content": columns.system_prompt}] if columns.system_prompt else []
+    return {"prompt": system + prompt, "completion": record[columns.answer]}
+
+
+def as_conversation(row: Any, where: str) -> dict[str, Any]:
+    """A messages row as it is; a prompt/completion row as the conversation prompt + completion. Keys a columnar
+    file (parquet, arrow) fills with None for rows and messages that lack them are dropped."""
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected an object, got {type(row).__name__}")
+    row = {k: v for k, v in row.items() if v is not None}
+    if isinstance(row.get("messages"), list):
+        return {**row, "messages": _turns(row["messages"], "user", where)}
     if "prompt" in row and "completion" in row:
         messages = _turns(row["prompt"], "user", where) + _turns(row["completion"], "assistant", where)
         return {**{k: v for k, v in row.items() if k not in ("prompt", "completion")}, "messages": messages}
-    raise ValueError(
+    raise DatasetError(
         f"{where}: a row needs 'messages' (a chat) or 'prompt' and 'completion' (strings or message lists); "
         f"it has {sorted(row)}"
     )
@@ -54,8 +87,8 @@ def _turns(part: Any, role: str, where: str) -> list[Message]:
     if isinstance(part, str):
         return [{"role": role, "content": part}]
     if isinstance(part, list) and all(isinstance(m, dict) and "role" in m for m in part):
-        return list(part)
-    raise ValueError(f"{where}: a prompt or completion is a string or a list of {{'role', 'content'}} messages")
+        return [{k: v for k, v in m.items() if v is not None} for m in part]
+    raise DatasetError(f"{where}: a prompt or completion is a string or a list of {{'role', 'content'}} messages")
 
 
 def encode_all(

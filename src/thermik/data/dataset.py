@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from thermik.errors import ThermikError
+
 REQUIRED_FIELDS: dict[str, type] = {
     "data_source": str,
     "env_class": str,
@@ -25,7 +27,7 @@ _JSON_COLUMNS = ("reward_spec", "extra_info")
 """Stored as JSON strings in parquet: their shapes differ per env and empty structs cannot be written."""
 
 
-class DatasetError(ValueError):
+class DatasetError(ThermikError, ValueError):
     """A dataset file or row is malformed; the message names the file, row and field."""
 
 
@@ -124,8 +126,7 @@ def _pyarrow() -> Any:
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
-    pa = _pyarrow()
-    rows = pa.parquet.read_table(path).to_pylist()
+    rows = read_parquet_records(path)
     for i, row in enumerate(rows, start=1):
         for name in _JSON_COLUMNS:
             if isinstance(row.get(name), str):
@@ -137,6 +138,15 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
             # Parquet structs give every message every key; drop the keys a message did not have.
             row["prompt"] = [{k: v for k, v in m.items() if v is not None} for m in row["prompt"] if m is not None]
     return rows
+
+
+def read_parquet_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a parquet file; a file that is not parquet is a DatasetError naming it."""
+    pa = _pyarrow()
+    try:
+        return pa.parquet.read_table(path).to_pylist()
+    except pa.ArrowException as exc:
+        raise DatasetError(f"{path}: not a readable parquet file: {exc}") from None
 
 
 def _write_parquet(path: Path, rows: list[dict[str, Any]]) -> Path:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from thermik.config.schema import DataColumnsConfig
-from thermik.data.dataset import DatasetError, _pyarrow, load_rows, read_jsonl, validate_row
+from thermik.data.dataset import DatasetError, load_rows, read_jsonl, read_parquet_records, validate_row
 
 ROW_FORMATS = (".jsonl", ".parquet")
 """Formats thermik reads without `datasets` (thermik.data.dataset)."""
@@ -47,7 +47,7 @@ def read_records(path: Path, split: str) -> list[dict[str, Any]]:
     if path.suffix == ".jsonl":
         return read_jsonl(path)
     if path.suffix == ".parquet":
-        return _pyarrow().parquet.read_table(path).to_pylist()
+        return read_parquet_records(path)
     if path.suffix in DATASETS_FORMATS:
         dataset = _datasets().load_dataset("arrow", data_files=str(path), split="train")
         return dataset.to_list()

@@ -8,12 +8,14 @@ name table in as `builtins` (this package never imports thermik.tasks).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Mapping
 from typing import Any
 
 from thermik.config.schema import EnvConfig
 from thermik.envs.base import Env
+from thermik.errors import ThermikError
 from thermik.tools.mcp_pool import MCPPool
 
 BUILTIN_ENVIRONMENTS: dict[str, str] = {
@@ -35,6 +37,19 @@ PREFIXED_SOURCES: dict[str, str] = {
 
 ENVIRONMENTS: dict[str, str] = dict(BUILTIN_ENVIRONMENTS)
 """name -> "pkg.mod:Class"; the built-ins plus whatever `register` added."""
+
+
+class UnknownEnvError(ThermikError, ValueError):
+    """An env name that no table knows: the message lists the names (and the closest one) to pass to --env.name."""
+
+    def __init__(self, name: str, names: list[str], what: str = "environment") -> None:
+        close = difflib.get_close_matches(name, names, n=1)
+        guess = f" (did you mean {close[0]!r}?)" if close else ""
+        others = ", ".join(p + "<name>" for p in PREFIXED_SOURCES)
+        super().__init__(
+            f"unknown {what} {name!r}{guess}; --env.name takes one of {', '.join(sorted(names))}, {others} "
+            "or a 'pkg.mod:Class' path"
+        )
 
 
 def register(name: str, entry_point: str) -> None:
@@ -67,11 +82,7 @@ def resolve(name_or_path: str, builtins: Mapping[str, str] | None = None) -> typ
     entry_point = _lookup(name_or_path, builtins or {})
     if entry_point is None:
         if ":" not in name_or_path:
-            valid = ", ".join(sorted({*ENVIRONMENTS, *(builtins or {})}))
-            raise ValueError(
-                f"unknown environment {name_or_path!r}; valid names: {valid} "
-                f"(or {', '.join(p + '<name>' for p in PREFIXED_SOURCES)}, or a 'pkg.mod:Class' path)"
-            )
+            raise UnknownEnvError(name_or_path, known_names(builtins))
         entry_point = name_or_path
     module_name, attr = _split_entry_point(entry_point)
     try:
@@ -103,6 +114,11 @@ def make(
     if pool is None:
         raise ValueError(f"environment {name_or_path!r} calls MCP servers: build it with a pool (make(..., pool=))")
     return cls(reward_spec=reward_spec, extra_info=extra_info, options=options, pool=pool)
+
+
+def known_names(builtins: Mapping[str, str] | None = None) -> list[str]:
+    """Every env name `resolve` takes without a prefix: the registered ones and `builtins`."""
+    return sorted({*ENVIRONMENTS, *(builtins or {})})
 
 
 def _lookup(name: str, builtins: Mapping[str, str]) -> str | None:

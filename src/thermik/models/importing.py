@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from thermik.atomic import publish_dir
+from thermik.errors import ThermikError
 from thermik.models.loading import DTYPES
 
 GGUF_MAGIC = b"GGUF"
@@ -27,7 +28,7 @@ INSTALL_HINT = "install the optional extra: pip install 'thermik[real]' (gguf, a
 PROVENANCE_FILE = "thermik_import.json"
 
 
-class ImportModelError(ValueError):
+class ImportModelError(ThermikError, ValueError):
     """The source cannot be imported; the message names what is wrong and what to do."""
 
 

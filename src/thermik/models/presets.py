@@ -20,6 +20,7 @@ from transformers import (
     Qwen3Config,
 )
 
+from thermik.errors import ThermikError
 from thermik.models.tokenizer import build_tokenizer
 
 Architecture = Literal["qwen2", "qwen3", "llama"]
@@ -82,6 +83,10 @@ SHAPES: dict[str, tuple[Preset, int]] = {
 }  # fmt: skip
 
 
+class ModelOutError(ThermikError, FileExistsError):
+    """`thermik model init --out` names a path that holds something else."""
+
+
 def get_preset(name: str) -> Preset:
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
@@ -141,9 +146,9 @@ def init_model(preset: str, out_dir: str | Path, seed: int = 0, overwrite: bool 
     out = Path(out_dir)
     get_preset(preset)  # fail on a bad name before touching the disk
     if out.exists() and not out.is_dir():
-        raise FileExistsError(f"model output path {out} exists and is not a directory")
+        raise ModelOutError(f"model output path {out} exists and is not a directory; choose another --out")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"model output dir {out} is not empty; pass overwrite=True to replace it")
+        raise ModelOutError(f"model output dir {out} is not empty; pass --overwrite to replace it (overwrite=True)")
 
     tokenizer = build_tokenizer(get_preset(preset).template)
     config = build_config(preset, tokenizer)

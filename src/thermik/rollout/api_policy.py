@@ -13,6 +13,7 @@ from typing import Any
 
 from thermik.config.schema import PolicyConfig, SamplingConfig
 from thermik.envs.base import Env, Message
+from thermik.errors import ThermikError
 from thermik.rollout.agent_loop import EnvFactory, LoopLimits, PromptTooLongError
 from thermik.rollout.thinking import assistant_message, split_thinking
 from thermik.rollout.trajectory import Trajectory
@@ -32,6 +33,13 @@ def _action_text(message: Any, tool_parser: str) -> tuple[str, list[dict[str, An
         parts.append(TOOL_CALL_FORMATTERS[tool_parser](call.function.name, arguments))
         calls.append({"id": call.id, "type": "function", "function": call.function.model_dump()})
     return "\n".join(p for p in parts if p), calls
+
+
+def _root_cause(error: BaseException) -> str:
+    """The innermost cause of a connection error (openai's own message is only 'Connection error.')."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return str(error) or type(error).__name__
 
 
 def _tool_messages(observations: list[Message], calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -62,7 +70,10 @@ class ApiPolicy:
 
     async def _model_name(self) -> str:
         if not self.model:
-            self.model = (await self.client.models.list()).data[0].id
+            models = (await self.client.models.list()).data
+            if not models:
+                raise ThermikError(f"--policy.base_url {self.cfg.base_url} lists no model", hint="set --policy.model")
+            self.model = models[0].id
         return self.model
 
     async def _complete(self, convo: list[dict[str, Any]], env: Env, seed: int | None) -> Any:
@@ -79,6 +90,12 @@ class ApiPolicy:
                 if "long" in str(e).lower() or "context" in str(e).lower():
                     raise PromptTooLongError(detail=str(e)) from e
                 raise
+            except openai.APIConnectionError as e:
+                cause = _root_cause(e)
+                raise ThermikError(
+                    f"cannot reach --policy.base_url {self.cfg.base_url}: {cause}",
+                    hint="start the server or fix the URL",
+                ) from e
 
     async def __call__(self, row: dict[str, Any], problem: int, seed: int | None) -> Trajectory:
         env = self.make_env(row)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from thermik.errors import ThermikError
 from thermik.inference.base import Generation
 from thermik.rollout.invariants import TrajectoryInvariantError, check_trajectory
 from thermik.rollout.trajectory import Trajectory
@@ -25,8 +26,9 @@ from thermik.rollout.trajectory import Trajectory
 StepWise = Literal["off", "on-break", "always"]
 
 
-class PrefixBreakError(TrajectoryInvariantError):
-    """With rollout.step_wise = 'off', the next prompt did not extend the episode's tokens."""
+class PrefixBreakError(ThermikError, TrajectoryInvariantError):
+    """With rollout.step_wise = 'off', the next prompt did not extend the episode's tokens: a setting to change
+    (the message names it), so the CLI prints one line, not a traceback."""
 
 
 def extends(ids: list[int], prompt: list[int]) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from thermik.assembly import components
+from thermik.atomic import writable_dir
 from thermik.config.schema import RunConfig, SFTConfig
 from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.sampler import PromptSampler
@@ -81,7 +82,7 @@ def open_run(
     out_dir = out_dir or cfg.run_dir
     changes = check_resume(cfg, out_dir) if training else []  # before anything is touched
     components.seed_everything(cfg.seed)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = writable_dir(out_dir, "--output_dir")
     if not training:
         accept_config(cfg, out_dir)
     rl = isinstance(cfg, RunConfig)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from thermik.assembly import components
+from thermik.atomic import writable_dir
 from thermik.config.loader import dump_toml
 from thermik.config.schema import EvalRunConfig, SamplingConfig
 from thermik.data.chat_tokenizer import ChatTokenizer
@@ -103,7 +104,7 @@ def _sampling(cfg: EvalRunConfig) -> SamplingConfig:
 async def _eval_api(cfg: EvalRunConfig) -> tuple[list[dict[str, Any]], Verdict]:
     """The policy is a chat endpoint: no local model, tokenizer or engine; envs, rows and limits as configured (the
     0 lengths: no limit here, the endpoint refuses what its model cannot hold)."""
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    writable_dir(cfg.run_dir, "--output_dir")
     (cfg.run_dir / "config.toml").write_text(dump_toml(cfg))
     pool = MCPPool(log_dir=cfg.run_dir / "logs")
     _, rows = components.load_datasets(cfg.data, cfg.env, train=False)

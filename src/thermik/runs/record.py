@@ -25,6 +25,7 @@ from thermik.assembly.guards import checksum
 from thermik.atomic import publish_dir
 from thermik.config import load_config
 from thermik.config.schema import RunConfig
+from thermik.errors import ThermikError
 from thermik.runs.split_protocol import load_batch, save_batch
 from thermik.runs.step import Rollout
 from thermik.training.batch import TokenBatch
@@ -88,7 +89,7 @@ def replay(run_dir: Path, from_step: int) -> list[dict[str, Any]]:
     cfg = load_config(RunConfig, ["@", str(run_dir / "config.toml")], env={})
     steps = [s for s in recorded_steps(run_dir) if s > from_step]
     if not steps or steps[0] != from_step + 1:
-        raise FileNotFoundError(f"thermik replay: {run_dir / RECORDS} holds no record of step {from_step + 1}")
+        raise ThermikError(f"{run_dir / RECORDS} holds no record of step {from_step + 1}: run `thermik rl --record`")
     learner = _learner_at(cfg, run_dir, from_step)
     reports = []
     for step in steps:
@@ -108,6 +109,9 @@ def main(argv: list[str]) -> int:
         print("usage: thermik replay RUN_DIR [--from-step S]\n\n" + (__doc__ or ""))
         return 0 if argv else 2
     from_step = int(argv[argv.index("--from-step") + 1]) if "--from-step" in argv else 0
+    if not (Path(argv[0]) / "config.toml").is_file():
+        raise ThermikError(f"{argv[0]} is not a run directory (no config.toml): pass the --output_dir/--name of a "
+                           "`thermik rl --record` run")  # fmt: skip
     reports = replay(Path(argv[0]), from_step)
     for r in reports:
         status = "identical" if not r["mismatched"] else f"DIFFERS in {len(r['mismatched'])} tensors"

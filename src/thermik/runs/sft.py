@@ -17,7 +17,7 @@ from thermik.assembly import components
 from thermik.atomic import publish_dir
 from thermik.config.schema import InferenceConfig, SamplingConfig, SFTConfig
 from thermik.data.conversations import DataOrder, Example, encode_all, load_conversations, trains, truncate
-from thermik.data.dataset import load_rows
+from thermik.data.disk import load_rows_from
 from thermik.inference.base import InferenceEngine
 from thermik.models.context_window import context_window
 from thermik.rollout.agent_loop import LoopLimits
@@ -39,7 +39,8 @@ class SFTMode(Mode):
     def __init__(self, run: Run, cfg: SFTConfig) -> None:
         assert run.policy is not None
         self.run, self.cfg, self.model, self.chat = run, cfg, run.policy, run.chat
-        full = encode_all(self.chat, load_conversations(cfg.train_path), 0, cfg.env.render_tools, cfg.train_roles)
+        rows = load_conversations(cfg.train_path, cfg.columns, cfg.train_split)
+        full = encode_all(self.chat, rows, 0, cfg.env.render_tools, cfg.train_roles)
         window = context_window(cfg.model.path, self.chat.tokenizer)
         self.max_length = cfg.max_length or min(window, max(len(ids) for ids, _ in full))
         self.examples = truncate(full, self.max_length)
@@ -53,7 +54,7 @@ class SFTMode(Mode):
         self.engine: InferenceEngine | None = None  # built by the first held-out check
         self.make_env = components.env_factory(cfg.env, run.pool)
         self.held_out = (
-            load_rows(cfg.eval_path)[: cfg.eval_size]
+            load_rows_from(cfg.eval_path, cfg.columns, cfg.env.name, cfg.eval_split)[: cfg.eval_size]
             if cfg.eval_path
             else generate_rows(cfg.env.name, cfg.eval_size, cfg.seed, split="eval", options=cfg.env)
         )

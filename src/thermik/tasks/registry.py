@@ -21,6 +21,7 @@ from thermik.data.llm_generate import LLMTask, generate_with_llm
 from thermik.data.split import Split, draw_problems
 from thermik.envs import registry as env_registry
 from thermik.envs.base import Env, Message
+from thermik.errors import ThermikError
 from thermik.tasks.calculator.generate import (
     calculator_problem,
     calculator_row,
@@ -140,12 +141,21 @@ def unregister(name: str) -> None:
     env_registry.unregister(name)
 
 
+class NoGeneratorError(ThermikError, ValueError):
+    """A known env that writes no problems of its own: its rows come from a dataset file."""
+
+
 def _generator(env: str) -> Generator:
-    if env not in GENERATORS:
-        prefixed = ", ".join(f"{prefix}<name>" for prefix in PREFIXED_GENERATORS)
-        named = ", ".join(sorted([*GENERATORS, *ROWS_MODULES]))
-        raise ValueError(f"no synthetic generator for environment {env!r}; valid: {named}, {prefixed}")
-    return GENERATORS[env]
+    if env in GENERATORS:
+        return GENERATORS[env]
+    known = env_registry.known_names(TASK_ENVS)
+    if env not in known and ":" not in env:
+        raise env_registry.UnknownEnvError(env, known)
+    raise NoGeneratorError(
+        f"environment {env!r} has no problem generator (generators: {', '.join(sorted([*GENERATORS, *ROWS_MODULES]))}"
+        "); give its "
+        "rows in a dataset file: --data.train_path / --data.eval_path (thermik sft: --eval_path)"
+    )
 
 
 def _prefixed(env: str) -> Any:

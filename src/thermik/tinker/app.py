@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from tinker import types
 
+from thermik.models.loading import MAKE_A_MODEL, ModelPathError
 from thermik.tinker.api import TinkerAPI
 from thermik.tinker.api_weights import WeightsAPI
 from thermik.tinker.service import JSON, UserError
@@ -146,5 +147,6 @@ def _add_special_routes(app: FastAPI, api: TinkerAPI, weights: WeightsAPI, poll_
 def model_directory(path: str) -> Path:
     directory = Path(path).resolve()
     if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"model.path {path} is not a local HF model directory (no config.json)")
+        raise ModelPathError(f"--model.path {path} is not a local Hugging Face model directory (no config.json)",
+                             hint=MAKE_A_MODEL)  # fmt: skip
     return directory

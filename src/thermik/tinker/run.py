@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from pathlib import Path
 
 from fastapi import FastAPI
 
+from thermik.atomic import writable_dir
 from thermik.models.loading import load_tokenizer
 from thermik.tinker.api import Served, TinkerAPI
 from thermik.tinker.api_weights import WeightsAPI
@@ -35,7 +35,7 @@ class Built:
 
 def build(cfg: TinkerConfig) -> Built:
     directory = model_directory(cfg.model.path)
-    state = Path(cfg.service.state_dir)
+    state = writable_dir(cfg.service.state_dir, "--service.state_dir")
     autocast = autocast_dtype(cfg.model)
     trainer = Trainer(directory, cfg.model.dtype, cfg.model.device, autocast, cfg.model.lm_head_precision)
     samplers = Samplers(trainer.plain, load_tokenizer(directory), cfg.service.max_sampler_engines, cfg.model.seed)

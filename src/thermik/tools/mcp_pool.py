@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -41,6 +42,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
+from thermik.errors import ThermikError
 from thermik.lifetime import dying_with_parent
 
 logger = logging.getLogger(__name__)
@@ -52,6 +54,10 @@ DEFAULT_MAX_CONCURRENT_CALLS = 32
 """In-flight calls per server connection; more wait their turn."""
 _PING_TIMEOUT_S = 2.0
 _CLOSE_TIMEOUT_S = 10.0
+
+
+class MCPServerError(ThermikError, RuntimeError):
+    """An MCP server that cannot start: the message names its command and the cause (an OS error, its stderr log)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,22 @@ class ServerSpec:
 
     def __str__(self) -> str:
         return " ".join((self.command, *self.args))
+
+    def check_command(self) -> None:
+        """Raise MCPServerError naming the OS error when the command is not an executable file (the SDK would report
+        only 'Connection closed')."""
+        command = self.command
+        path = os.path.abspath(command) if os.sep in command else shutil.which(command)
+        if path is None or not os.path.exists(path):
+            code = errno.ENOENT
+        elif os.path.isdir(path) or not os.access(path, os.X_OK):
+            code = errno.EACCES
+        else:
+            return
+        raise MCPServerError(
+            f"MCP server {self.label!r} cannot start: {command!r}: {os.strerror(code)}",
+            hint="fix its command in env.mcp_servers (installed? on PATH?)",
+        )
 
 
 @dataclass(frozen=True)
@@ -175,7 +197,8 @@ class _Connection:
             raise TimeoutError(f"MCP server did not initialize within {timeout_s:g}s: {self.spec}") from None
         if self.session is None:
             await self.close()
-            raise RuntimeError(f"MCP server failed to start: {self.spec}: {self._error!r}")
+            log = f"; its stderr is in {self._errlog.name}" if self._errlog is not None else ""
+            raise MCPServerError(f"MCP server failed to start: {self.spec}: {_root_cause(self._error)}{log}")
 
     @contextlib.asynccontextmanager
     async def _transport(self) -> AsyncIterator[tuple[Any, Any]]:
@@ -372,6 +395,8 @@ class MCPPool:
             return conn
 
     async def _start(self, spec: AnyServerSpec, data_copy: Path | None) -> _Connection:
+        if isinstance(spec, ServerSpec):
+            spec.check_command()
         errlog = self._open_errlog(spec) if isinstance(spec, ServerSpec) else None
         conn = _Connection(spec, errlog, self._max_calls, data_copy, self._kill_with_parent)
         await conn.start(self._startup_timeout_s)
@@ -406,6 +431,13 @@ class MCPPool:
         log.write(f"--- starting MCP server: {spec}\n")
         log.flush()
         return log
+
+
+def _root_cause(error: BaseException | None) -> str:
+    """The first leaf of nested exception groups (the SDK wraps a closed connection twice), as 'Type: message'."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return f"{type(error).__name__}: {error}" if error is not None else "no error reported"
 
 
 def _content_text(content: list[Any]) -> str:
