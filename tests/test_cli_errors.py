@@ -37,6 +37,22 @@ class Case(NamedTuple):
     check: Callable[[dict[str, str]], None] | None = None
 
 
+def _saved_run(inputs: dict[str, str]) -> None:
+    """A run directory whose checkpoint was made with trainer.group_size 2 (the resume rows start it with 4)."""
+    from thermik.config import dump_toml, load_config
+    from thermik.config.schema import RunConfig
+
+    argv = ["--model.path", inputs["tiny"], "--output_dir", f"{inputs['tmp']}/resumed", "--name", "r"]
+    cfg = load_config(RunConfig, [*argv, "--trainer.group_size", "2"])
+    (cfg.run_dir / "checkpoints" / "step_3").mkdir(parents=True)
+    (cfg.run_dir / "config.toml").write_text(dump_toml(cfg))
+    inputs["resumed_config"] = (cfg.run_dir / "config.toml").read_text()
+
+
+def _config_kept(inputs: dict[str, str]) -> None:
+    assert (Path(inputs["tmp"]) / "resumed" / "r" / "config.toml").read_text() == inputs["resumed_config"]
+
+
 NOT_A_MODEL = ("does not exist", "thermik model init", "thermik model import")
 NOT_WRITABLE = ("is not a writable directory",)
 CASES = [
@@ -113,6 +129,17 @@ CASES = [
     Case("model-init-out-not-empty", "model init --preset qwen2-1m --out {notmpl}", ("is not empty", "--overwrite")),
     Case("model-init-out-file", "model init --preset qwen2-1m --out {afile}/x", NOT_WRITABLE),
     Case("tinker-state-file", "tinker --model.path {tiny} --service.state_dir {afile}/x", NOT_WRITABLE),
+    # too-small limits, refused before any episode
+    Case("eval-input-limit", "eval --model.path {tiny} --rollout.max_input_length 4", ("max_input_length = 4",)),
+    Case("rl-input-limit", "rl --model.path {tiny} --rollout.max_input_length 4", ("max_input_length = 4",)),
+    # resume under a changed config: refused, config.toml byte for byte as it was
+    Case(
+        "rl-resume-changed",
+        "rl --model.path {tiny} --output_dir {tmp}/resumed --name r --trainer.group_size 4",
+        ("trainer.group_size 2 -> 4", "--name NEW"),
+        setup=_saved_run,
+        check=_config_kept,
+    ),
 ]
 
 
