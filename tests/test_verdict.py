@@ -5,6 +5,7 @@ the model's context window, and an explicit one too small for every prompt is re
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from thermik.data.dataset import write_rows
 from thermik.errors import NothingDoneError, ThermikError
 from thermik.models.context_window import context_window
 from thermik.rollout.agent_loop import LoopLimits
+from thermik.runs.split_protocol import SplitLayout, published_steps
 from thermik.runs.verdict import PromptLimit, eval_verdict, rl_verdict
 from thermik.tasks.registry import generate_rows
 
@@ -143,6 +145,25 @@ def test_rl_that_trained_nothing_exits_3_after_warning_at_the_step(tiny_model_di
     assert line.endswith("exceed rollout.max_input_length = 128; raise it (the model allows 2040)"), line
     steps = [json.loads(x) for x in (tmp_path / "none" / "metrics.jsonl").read_text().splitlines()]
     assert steps[0]["batch/trained_tokens"] == 0.0 and steps[0]["problems/skipped"] == 1.0
+
+
+@pytest.mark.slow
+def test_split_run_whose_step_played_nothing_publishes_an_empty_batch_and_exits_3(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The split orchestrator's step with every prompt skipped: the trainer gets an empty batch (its update skipped,
+    instead of waiting for a batch that never comes) and the run ends with the orchestrator's verdict."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = ["--server.port", str(port), "--inference.base_url", f"http://127.0.0.1:{port}"]
+    args = _rl_args(tiny_model_dir, tmp_path, "--name", "split", *server)
+    res = run_thermik(*args[:1], "--split", *args[1:], timeout=300)
+    assert res.returncode != 0, res.stderr[-3000:]
+    assert "thermik orchestrator: all 1 problems skipped: prompts of up to " in res.stderr, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    layout = SplitLayout(tmp_path / "split")
+    assert published_steps(layout.weights) == [1]  # the trainer took the empty batch and went on
 
 
 def test_rl_stops_at_the_step_when_failures_stop(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ orchestrator waits for) and after the last step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ from thermik.runs.split_protocol import (
     wait_until,
 )
 from thermik.runs.step import Rollout, make_rollout, rl_step
+from thermik.training.batch import collate
 
 
 class OrchestratorMode(Mode):
@@ -60,21 +62,24 @@ class OrchestratorMode(Mode):
         sampled, trajs, metrics = await sample_groups(self.rollout_ctx, step)
         t_generate = time.perf_counter() - t0
         stale = staleness(self, step, sampled)  # all of them: the batch may be empty (groups left unscored)
-        if max(stale) > cfg.trainer.max_off_policy_steps:  # the admission rule makes this impossible; say so if not
+        if max(stale, default=0) > cfg.trainer.max_off_policy_steps:  # impossible by the admission rule; say so if not
             raise RuntimeError(f"step {step}: staleness {max(stale)} > trainer.max_off_policy_steps")
         metrics = {
             **metrics,
-            **staleness_metrics(stale),
+            **(staleness_metrics(stale) if stale else {}),
             "weights/step": float(self.weight_step),
             "time/wait_weights": t_wait,
             **self.guard_metrics,
             "time/generate": t_generate,
         }
-        return make_rollout(self.rollout_ctx, step, sampled, trajs, metrics)
+        rollout = make_rollout(self.rollout_ctx, step, sampled, trajs, metrics)
+        if rollout.batch is None:  # every prompt of the step skipped: the trainer gets an empty batch, skips its update
+            rollout = dataclasses.replace(rollout, batch=collate([], None, 0))
+        return rollout
 
     async def update(self, rollout: Rollout, step: int) -> dict[str, float]:
         """Publish the collated batch (advantages are the trainer's) and its trajectories, then the resume state."""
-        weight_step = step - int(rollout.metrics["off_policy/staleness_max"])
+        weight_step = step - int(rollout.metrics.get("off_policy/staleness_max", 0.0))
         meta = {"step": step, "weight_step": weight_step, "num_samples": len(rollout.trajs)}
 
         batch = rollout.batch
@@ -209,6 +214,7 @@ def orchestrator_plan(cfg: RunConfig, fresh: bool) -> LoopPlan:
         checkpoint=False,
         samples_per_step=cfg.trainer.prompts_per_step * cfg.trainer.group_size,
         progress=cfg.monitor.progress,
+        verdict=True,
     )
 
 
