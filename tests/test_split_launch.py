@@ -131,3 +131,15 @@ def test_a_taken_port_is_named_before_anything_starts(tmp_path: Path, tiny_model
             assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
             assert "address already in use" in result.stderr and "--server.port" in result.stderr, result.stderr
             assert "[split] started" not in result.stdout and "Application shutdown" not in result.stdout
+
+
+def test_a_base_url_that_misses_the_server_is_named_before_anything_starts(tmp_path: Path, tiny_model_dir: Path):
+    """inference.base_url on another port than server.port: the orchestrator would wait for a server that is not
+    there; the launcher refuses it in one line instead."""
+    port = _free_port()
+    config = _split_config(tmp_path, tiny_model_dir, port)
+    result = run_thermik("rl", "@", str(config), "--split", "--server.port", str(_free_port()), timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "does not reach the server this run starts on server.port" in result.stderr, result.stderr
+    assert "[split] started" not in result.stdout

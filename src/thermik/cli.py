@@ -80,7 +80,7 @@ def _cmd_rl(cfg: RunConfig) -> None:
 def _cmd_split(cfg: RunConfig, argv: list[str]) -> None:
     from thermik.runs.split_launch import launch_split
 
-    code = launch_split(_bare_record(argv), cfg.server)
+    code = launch_split(_bare_record(argv), cfg.server, cfg.inference.base_url)
     if code:
         sys.exit(code)
 

@@ -18,12 +18,15 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from urllib.parse import urlparse
 
 from thermik.config.schema import ServerConfig
+from thermik.errors import ThermikError
 from thermik.inference.server.run import check_port_free
 from thermik.lifetime import dying_with_parent
 
 PROCESSES = ("inference", "trainer", "orchestrator")
+DEFAULT_PORTS = {"http": 80, "https": 443}
 FINISHERS = frozenset({"trainer", "orchestrator"})  # the run is over when both exit with 0
 STOP_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this long
 POLL_S = 0.2
@@ -37,9 +40,23 @@ class Child:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=3))  # its last lines, for the stop message
 
 
-def launch_split(argv: list[str], server: ServerConfig) -> int:
-    """Run the three processes on `argv` (a config's `@ FILE` and overrides; `server`: its [server] section);
-    returns the exit code of the run. A taken server.port is refused before anything starts."""
+def check_server_reachable(server: ServerConfig, base_url: str) -> None:
+    """The orchestrator samples from inference.base_url: it must name the port of the server the launcher starts
+    (else the orchestrator waits for a server that is not there until split.wait_timeout_s)."""
+    url = urlparse(base_url)
+    port = url.port or DEFAULT_PORTS.get(url.scheme)
+    if server.port == 0 or port != server.port:
+        raise ThermikError(
+            f"inference.base_url {base_url!r} does not reach the server this run starts on server.port {server.port}",
+            hint="give both the same fixed port, e.g. --server.port 8001 --inference.base_url http://127.0.0.1:8001",
+        )
+
+
+def launch_split(argv: list[str], server: ServerConfig, base_url: str) -> int:
+    """Run the three processes on `argv` (a config's `@ FILE` and overrides; `server`: its [server] section,
+    `base_url`: inference.base_url); returns the exit code of the run. A taken server.port, or an inference.base_url
+    that does not reach the server this launcher starts, is refused before anything starts."""
+    check_server_reachable(server, base_url)
     check_port_free(server)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # a stopped launcher stops its children
     children: list[Child] = []
