@@ -65,7 +65,7 @@ def test_make_unknown_name_lists_valid_names():
     with pytest.raises(
         ValueError,
         match=r"unknown environment .nope.*calculator, calculator_thinking, code, gsm8k, math_feedback, mcp, "
-        r"reverse_text, search, text2sql",
+        r"repo_repair, reverse_text, search, text2sql",
     ):
         make("nope", reward_spec={})
 

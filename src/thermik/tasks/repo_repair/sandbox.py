@@ -4,7 +4,7 @@ Every command runs in bubblewrap (`bwrap`) where it is installed:
 - the system is mounted read-only, the workspace (at `/tmp/repo` inside) is the only writable host path; `/tmp`
   is a private, size-capped tmpfs;
 - the invoking user's home directory is hidden (an empty tmpfs); only the Python installation the sandbox runs
-  with is mounted back, read-only, when it lives there;
+  with is mounted back, read-only, when it lives there (or in /tmp, as a venv made with mktemp may);
 - no network (a new, empty network namespace), its own PID, IPC and UTS namespaces, `--die-with-parent`;
 - run as root, the sandbox drops to an unprivileged user of its own (`setpriv`), so `RLIMIT_NPROC` counts only
   the sandbox's processes and files outside the workspace are not writable even through a symlink;
@@ -145,6 +145,17 @@ def _python_dirs() -> list[str]:
     return sorted(dirs)
 
 
+def _python_binds(hidden: str) -> list[str]:
+    """bwrap arguments that mount the interpreter's directories under `hidden` (an empty tmpfs: /tmp, a home) back
+    read-only, so a venv made in /tmp or in a home still runs inside."""
+    argv: list[str] = []
+    for d in (d for d in _python_dirs() if _under(d, hidden) and d != hidden):
+        parents = [str(p) for p in reversed(Path(d).parents) if _under(str(p), hidden) and str(p) != hidden]
+        argv += [a for p in parents for a in ("--perms", "0755", "--dir", p)]
+        argv += ["--ro-bind", d, d]
+    return argv
+
+
 def _others_can_run(executable: str) -> bool:
     """Whether a user of no group can reach `executable` (without bwrap, the sandbox user sees the real paths)."""
     path = Path(os.path.realpath(executable))
@@ -230,13 +241,9 @@ class Sandbox:
     def _bwrap_argv(self) -> list[str]:
         assert self._bwrap is not None
         argv = [self._bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        argv += ["--perms", "1777", "--size", str(self.limits.tmp_mb * _MB), "--tmpfs", "/tmp"]
+        argv += ["--perms", "1777", "--size", str(self.limits.tmp_mb * _MB), "--tmpfs", "/tmp", *_python_binds("/tmp")]
         for home in _home_dirs():
-            argv += ["--tmpfs", home]
-            for d in (d for d in _python_dirs() if _under(d, home) and d != home):
-                parents = [str(p) for p in reversed(Path(d).parents) if _under(str(p), home) and str(p) != home]
-                argv += [a for p in parents for a in ("--perms", "0755", "--dir", p)]
-                argv += ["--ro-bind", d, d]
+            argv += ["--tmpfs", home, *_python_binds(home)]
         argv += ["--bind", str(self.workspace), INNER_WORKSPACE, "--chdir", INNER_WORKSPACE]
         argv += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if os.geteuid() != 0:
