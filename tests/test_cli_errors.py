@@ -227,7 +227,7 @@ def test_a_prefix_break_ends_the_run_in_one_line(monkeypatch: pytest.MonkeyPatch
         raise PrefixBreakError("turn 2: the next prompt is not an exact extension; set rollout.step_wise = 'on-break'")
 
     monkeypatch.setattr(thermik.runs.local, "run_rl", broken)
-    monkeypatch.delenv("THERMIK_DEBUG", raising=False)
+    monkeypatch.setenv("THERMIK_DEBUG", "0")  # recorded, so the teardown removes what `--debug` sets below
     assert issubclass(PrefixBreakError, ThermikError) and issubclass(PrefixBreakError, AssertionError)
     assert cli.main(["rl", "--rollout.step_wise", "off"]) == 1
     err = capsys.readouterr().err
@@ -236,7 +236,6 @@ def test_a_prefix_break_ends_the_run_in_one_line(monkeypatch: pytest.MonkeyPatch
     ]
     with pytest.raises(PrefixBreakError):  # --debug shows the traceback
         cli.main(["rl", "--debug"])
-    monkeypatch.delenv("THERMIK_DEBUG", raising=False)
 
 
 def test_thermik_errors_cross_processes_whole() -> None:
