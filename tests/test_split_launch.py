@@ -114,9 +114,23 @@ def test_a_killed_launcher_leaves_nothing_running(tmp_path: Path, tiny_model_dir
     finally:
         left = left_after_kill(launcher, procs)
     assert left == []
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # closed connections may wait in TIME_WAIT
-        s.bind(("127.0.0.1", port))  # nothing listens on the server's port
+    assert _port_freed(port, within_s=10.0), f"port {port} still in use 10 s after the launcher's death"
+
+
+def _port_freed(port: int, within_s: float) -> bool:
+    """Whether nothing listens on `port` within `within_s` (the kernel closes a killed server's socket as it
+    tears the process down, which may finish just after the process is gone from the process table)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # closed connections may wait in TIME_WAIT
+            try:
+                s.bind(("127.0.0.1", port))
+                return True
+            except OSError:
+                if time.monotonic() > deadline:
+                    return False
+        time.sleep(0.2)
 
 
 def test_a_taken_port_is_named_before_anything_starts(tmp_path: Path, tiny_model_dir: Path) -> None:
