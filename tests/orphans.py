@@ -35,3 +35,13 @@ def left_after_kill(starter: subprocess.Popen, procs: list[psutil.Process]) -> l
     for p in left:
         p.kill()
     return out
+
+
+def children_started_after(before: set[int]) -> list[psutil.Process]:
+    """This process's running descendants whose pid is not in `before`: what one test started and left, whatever
+    earlier tests' module-scoped servers still run."""
+    return [p for p in alive(psutil.Process().children(recursive=True)) if p.pid not in before]
+
+
+def children_now() -> set[int]:
+    return {p.pid for p in alive(psutil.Process().children(recursive=True))}
