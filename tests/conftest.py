@@ -53,6 +53,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+_MODULE_START_CHILDREN: dict[str, set[int]] = {}
+_LEFT_RUNNING: list[str] = []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Remember the processes running when a test file starts (see the teardown hook below)."""
+    module = item.module.__name__ if item.module is not None else ""
+    if module not in _MODULE_START_CHILDREN:
+        from orphans import children_now
+
+        _MODULE_START_CHILDREN[module] = children_now()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After a test file's last test and its module fixtures: name the processes it started and left running, so a
+    leak shows up at its source rather than as a failure of a later file's reaping test."""
+    if nextitem is not None and nextitem.module is item.module:
+        return
+    from orphans import children_started_after
+
+    module = item.module.__name__ if item.module is not None else ""
+    left = children_started_after(_MODULE_START_CHILDREN.get(module, set()))
+    if left:
+        _LEFT_RUNNING.append(f"{module}: " + "; ".join(" ".join(p.cmdline())[:120] for p in left))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in _LEFT_RUNNING:
+        terminalreporter.write_line(f"left running by {line}", yellow=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A `qwen2-1m` model + tokenizer saved once per session; tests must treat it as read-only."""
