@@ -57,7 +57,7 @@ _MODULE_START_CHILDREN: dict[str, set[int]] = {}
 _LEFT_RUNNING: list[str] = []
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Remember the processes running when a test file starts (see the teardown hook below)."""
     module = item.module.__name__ if item.module is not None else ""
