@@ -49,7 +49,7 @@ SAFE_KEYS: tuple[str, ...] = (
     "inference.served_model_name", "inference.weights_dir", "inference.timeout_s",
     "env.tool_timeout_s", "env.openenv.ca_file", "rewards.judge.api_key", "rewards.judge.timeout_s",
     "rewards.judge.retries", "rewards.judge.retry_backoff_s", "rewards.judge.concurrency",
-    "algorithm.teacher_api_key", "algorithm.teacher_timeout_s", "algorithm.teacher_concurrency",
+    "algorithm.teacher.api_key", "algorithm.teacher.timeout_s", "algorithm.teacher.concurrency",
     # how the same update is spread over Ray workers (distributed.enabled itself is not in the list)
     "distributed.num_trainers", "distributed.num_engines", "distributed.placement", "distributed.strategy",
     "distributed.backend", "distributed.weight_sync", "distributed.weights_dir", "distributed.cpus_per_actor",
