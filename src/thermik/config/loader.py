@@ -212,10 +212,11 @@ def _leaf_sources(table: Mapping[str, Any], prefix: str, source: str, out: dict[
             out[f"{prefix}{key}"] = source
 
 
-def _read_toml(path_str: str) -> dict[str, Any]:
+def read_toml(path_str: str, given: str = "after '@'") -> dict[str, Any]:
+    """A TOML file's table; a missing file or a syntax error is a `ConfigError` naming it (and where it was given)."""
     path = Path(path_str)
     if not path.is_file():
-        raise ConfigError(f"config file not found: '{path_str}' (given after '@'). Check the path.")
+        raise ConfigError(f"config file not found: '{path_str}' (given {given}). Check the path.")
     try:
         with path.open("rb") as f:
             return tomllib.load(f)
@@ -326,7 +327,7 @@ def load_config(
     tree: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for path in files:
-        table = _own_keys(model_cls, shared_with, _read_toml(path), f"file '{path}'")
+        table = _own_keys(model_cls, shared_with, read_toml(path), f"file '{path}'")
         tree = _deep_merge(tree, table)
         _leaf_sources(table, "", f"file '{path}'", sources)
     overrides = _env_overrides(os.environ if env is None else env)
@@ -461,6 +462,23 @@ def _write_section(model: BaseModel, name: str, out: list[str]) -> None:
             _write_section(sub, f"{name}.{_toml_key(key)}" if name else _toml_key(key), out)
 
 
+def dump_table(table: Mapping[str, Any]) -> str:
+    """A nested table (what a TOML file holds) as TOML: each table's values, then its sub-tables as `[a.b]`."""
+    out: list[str] = []
+
+    def write(node: Mapping[str, Any], name: str) -> None:
+        scalars = [(k, v) for k, v in node.items() if not isinstance(v, Mapping)]
+        if name and scalars:
+            out.append(f"\n[{name}]")
+        out.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in scalars)
+        for key, sub in node.items():
+            if isinstance(sub, Mapping):
+                write(sub, f"{name}.{_toml_key(key)}" if name else _toml_key(key))
+
+    write(table, "")
+    return "\n".join(out).lstrip("\n") + "\n"
+
+
 def dump_toml(cfg: BaseModel) -> str:
     """The resolved config as TOML; `load_config(type(cfg), ['@', file])` reads it back equal.
 
@@ -471,4 +489,13 @@ def dump_toml(cfg: BaseModel) -> str:
     return "\n".join(out).lstrip("\n") + "\n"
 
 
-__all__ = ["ENV_PREFIX", "ConfigError", "dump_toml", "format_help", "load_config", "wants_help"]
+__all__ = [
+    "ENV_PREFIX",
+    "ConfigError",
+    "dump_table",
+    "dump_toml",
+    "format_help",
+    "load_config",
+    "read_toml",
+    "wants_help",
+]
