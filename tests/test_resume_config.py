@@ -70,7 +70,7 @@ def test_a_meaning_changing_difference_is_refused_listing_every_key_with_old_and
     [
         (("--lora.enabled", "true"), "lora.enabled"),
         (("--env.name", "reverse_text"), "env.name"),
-        (("--algorithm.loss", "gspo"), "algorithm.loss"),
+        (("--algorithm.loss.type", "gspo"), "algorithm.loss.type"),
         (("--model.train_precision", "bf16-mixed"), "model.train_precision"),
         (("--model.chat_template", "x.jinja"), "model.chat_template"),
         (("--seed", "7"), "seed"),
@@ -107,7 +107,7 @@ def test_the_safe_list_names_real_keys_and_not_what_the_checkpoints_mean() -> No
     leaves = {*_leaves(RunConfig), *_leaves(SFTConfig)}
     for safe in SAFE_KEYS:
         assert any(k == safe or k.startswith(safe) for k in leaves), f"SAFE_KEYS names no config key: {safe}"
-    for key in ("model.path", "lora.enabled", "trainer.group_size", "env.name", "algorithm.advantage", "seed"):
+    for key in ("model.path", "lora.enabled", "trainer.group_size", "env.name", "algorithm.advantage.type", "seed"):
         assert not is_safe(key)
 
 
