@@ -113,8 +113,13 @@ def test_many_options_through_the_loop(tmp_path, stopping_model_dir, letter_env)
 
 @pytest.mark.slow
 def test_replace_keeps_the_batch_full(tmp_path, stopping_model_dir, letter_env) -> None:
-    algorithm = {"advantage": {"type": "maxrl"}, "loss": {"type": "gspo"}, "reduction": {"type": "seq_mean_token_sum_norm"},
-                 "shaping": {"dynamic_sampling": "replace"}, "kl": {"coef": 0.01, "estimator": "k2"}}  # fmt: skip
+    algorithm = {
+        "advantage": {"type": "maxrl"},
+        "loss": {"type": "gspo"},
+        "reduction": {"type": "seq_mean_token_sum_norm"},
+        "shaping": {"dynamic_sampling": "replace"},
+        "kl": {"coef": 0.01, "estimator": "k2"},
+    }
     run_rl(_config(tmp_path, stopping_model_dir, letter_env, algorithm))
     for m in _metrics(tmp_path):
         assert m["batch/rollout_rounds"] == 1

@@ -1,5 +1,6 @@
 """NaN/inf in a reward, a rollout logprob or a gradient is caught through the real learner and update on
-the tiny model: the step is skipped (nothing moves) or the run halts (`algorithm.health.on_nonfinite`), naming the culprit."""
+the tiny model: the step is skipped (nothing moves) or the run halts (`algorithm.health.on_nonfinite`), naming the
+culprit."""
 
 from __future__ import annotations
 
