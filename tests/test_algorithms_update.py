@@ -155,10 +155,10 @@ def test_reference_refresh_copy_and_ema(tiny_policy) -> None:
     assert not maybe_refresh(ref, policy, alg, step=1)  # not a multiple of 2
     assert maybe_refresh(ref, policy, alg, step=2)
     torch.testing.assert_close(next(ref.parameters()), first + 0.25)  # (1 - 0.25) ref + 0.25 (ref + 1)
-    copy_alg = alg.model_copy(update={"ref_update": "copy"})
+    copy_alg = AlgorithmConfig(kl={"coef": 0.1}, reference={"update": "copy", "every": 2})
     maybe_refresh(ref, policy, copy_alg, step=4)
     torch.testing.assert_close(next(ref.parameters()), next(policy.parameters()))
-    assert not maybe_refresh(ref, policy, alg.model_copy(update={"ref_update": "frozen"}), step=4)
+    assert not maybe_refresh(ref, policy, AlgorithmConfig(kl={"coef": 0.1}, reference={"update": "frozen", "every": 2}), step=4)
 
 
 def test_nan_loss_skips_the_step_then_fails(tiny_policy, tmp_path, monkeypatch) -> None:
@@ -173,7 +173,7 @@ def test_nan_loss_skips_the_step_then_fails(tiny_policy, tmp_path, monkeypatch) 
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("nan_loss", None)
     alg = AlgorithmConfig(loss={"type": "custom", "path": "nan_loss:nan_loss"}, health={"max_nonfinite_steps": 2})
-    guard = NonFiniteGuard(alg.max_nonfinite_steps)
+    guard = NonFiniteGuard(alg.health.max_nonfinite_steps)
     model = copy.deepcopy(tiny_policy)
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)

@@ -84,7 +84,7 @@ class NonFiniteGuard:
         if self.streak >= self.max_consecutive:
             raise NonFiniteLossError(
                 f"NaN/inf in {self.streak} consecutive {unit} (last: {culprit}); those steps were skipped. Lower the "
-                "learning rate, check the rewards and the model dtype, or raise algorithm.max_nonfinite_steps."
+                "learning rate, check the rewards and the model dtype, or raise algorithm.health.max_nonfinite_steps."
             )
         warnings.warn(f"NaN/inf in {culprit}: step skipped", RuntimeWarning, stacklevel=3)
 

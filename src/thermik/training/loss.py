@@ -68,7 +68,7 @@ class LossSetup:
         kl_coef: float | None = None,
         autocast: torch.dtype | None = None,
     ) -> LossSetup:
-        """kl_coef: the current KL weight; None uses alg.kl_coef. autocast: `precision.autocast_dtype(model cfg)`."""
+        """kl_coef: the current KL weight; None uses alg.kl.coef. autocast: `precision.autocast_dtype(model cfg)`."""
         return cls(
             policy_loss=registry.policy_loss(alg.loss.type, getattr(alg.loss, "path", "")),
             params=loss_params(alg.loss),

@@ -101,7 +101,7 @@ def build_teacher(
     tokenizer; a local teacher must share its vocabulary."""
     if not alg.teacher.source:
         return None
-    if alg.teacher.startswith(("http://", "https://")):
+    if alg.teacher.source.startswith(("http://", "https://")):
         return ServerTeacher(
             alg.teacher.source, alg.teacher.model, alg.teacher.api_key, alg.teacher.timeout_s, alg.teacher.concurrency
         )
