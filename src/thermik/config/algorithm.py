@@ -162,10 +162,10 @@ class HealthConfig(Section):
 class AlgorithmConfig(Section):
     """The RL algorithm; every name is listed with its formula and paper in docs/algorithms.md."""
 
+    entropy_coef: float = Field(0.0, description="Weight of the entropy bonus.")
     loss: LossConfig = Field(default_factory=PPOLoss, description="Policy loss; `type` picks it.")
     reduction: ReductionConfig = Field(default_factory=ReductionConfig, description="Loss reduction.")
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig, description="Advantage estimator.")
-    entropy_coef: float = Field(0.0, description="Weight of the entropy bonus.")
     kl: KLConfig = Field(default_factory=KLConfig, description="KL to the reference policy.")
     reference: ReferenceConfig = Field(default_factory=ReferenceConfig, description="The reference policy.")
     teacher: TeacherConfig = Field(default_factory=TeacherConfig, description="On-policy distillation.")
