@@ -158,7 +158,9 @@ def test_reference_refresh_copy_and_ema(tiny_policy) -> None:
     copy_alg = AlgorithmConfig(kl={"coef": 0.1}, reference={"update": "copy", "every": 2})
     maybe_refresh(ref, policy, copy_alg, step=4)
     torch.testing.assert_close(next(ref.parameters()), next(policy.parameters()))
-    assert not maybe_refresh(ref, policy, AlgorithmConfig(kl={"coef": 0.1}, reference={"update": "frozen", "every": 2}), step=4)
+    assert not maybe_refresh(
+        ref, policy, AlgorithmConfig(kl={"coef": 0.1}, reference={"update": "frozen", "every": 2}), step=4
+    )
 
 
 def test_nan_loss_skips_the_step_then_fails(tiny_policy, tmp_path, monkeypatch) -> None:

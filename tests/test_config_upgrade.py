@@ -15,7 +15,7 @@ from thermik.algorithms.registry import POLICY_LOSS_PARAMS
 from thermik.config import ConfigError, RunConfig, SFTConfig, dump_toml, load_config
 from thermik.config.loader import dump_table
 from thermik.config.schema import AlgorithmConfig, EvalRunConfig
-from thermik.config.upgrade import OLD_KEYS, VARIANT_DEFAULTS, upgrade_tree
+from thermik.config.upgrade import OLD_KEYS, VARIANT_DEFAULTS, flatten_table, nest_table, upgrade_tree
 from thermik.config.variants import variant_models
 from thermik.training.loss import correction_params, loss_params
 
@@ -39,32 +39,13 @@ def _section(dotted: str) -> str:
 def _downgrade(tree: dict[str, Any]) -> dict[str, Any]:
     """A new-layout table in the old flat layout: the inverse of OLD_KEYS, picking the old key whose variants hold
     the variant the table chose (the opposite direction of `upgrade_tree`)."""
-    flat: dict[str, Any] = {}
-
-    def walk(node: dict[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            if isinstance(value, dict) and f"{prefix}{key}" not in ("algorithm.loss.options",):
-                walk(value, f"{prefix}{key}.")
-            else:
-                flat[f"{prefix}{key}"] = value
-
-    walk(tree, "")
+    flat = flatten_table(tree)
     chosen = {section: flat.get(f"{section}.type", default) for section, default in VARIANT_DEFAULTS.items()}
     inverse: dict[str, str] = {}
     for old, move in OLD_KEYS.items():
         if not move.variants or chosen.get(move.section()) in move.variants:
             inverse[move.new] = old
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        out[inverse.get(key, key)] = value
-    nested: dict[str, Any] = {}
-    for dotted, value in out.items():
-        node = nested
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return nested
+    return nest_table({inverse.get(key, key): value for key, value in flat.items()})
 
 
 def test_algorithm_has_at_most_ten_keys_and_the_variants_their_own() -> None:

@@ -109,17 +109,19 @@ def pointer(old: str) -> str | None:
     return f"{old} → {move.new}{where}"
 
 
-def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_table(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{dotted key: value} of a nested table's leaves."""
     out: dict[str, Any] = {}
     for key, value in table.items():
         if isinstance(value, Mapping):
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten_table(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
 
 
-def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+def nest_table(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The nested table of {dotted key: value}."""
     out: dict[str, Any] = {}
     for dotted, value in flat.items():
         node = out
@@ -133,7 +135,7 @@ def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
 def upgrade_tree(tree: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """An old-layout config table in the new layout, and a note per old key dropped (it had no effect under the
     variant the config picks). Keys of the new layout pass unchanged."""
-    flat = _flatten(tree)
+    flat = flatten_table(tree)
     chosen = dict(VARIANT_DEFAULTS)
     for old, value in flat.items():
         move = OLD_KEYS.get(old)
@@ -151,7 +153,7 @@ def upgrade_tree(tree: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             )
         else:
             out[move.new] = value
-    return _nest(out), notes
+    return nest_table(out), notes
 
 
-__all__ = ["OLD_KEYS", "VARIANT_DEFAULTS", "Move", "pointer", "upgrade_tree"]
+__all__ = ["OLD_KEYS", "VARIANT_DEFAULTS", "Move", "flatten_table", "nest_table", "pointer", "upgrade_tree"]
