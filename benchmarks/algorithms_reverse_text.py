@@ -32,14 +32,14 @@ from thermik.tasks.synthesize import synthesize
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "reverse_text"
 TARGET = 0.8  # every algorithm should reach at least this held-out reward
 
-# One row per algorithm: the [algorithm] keys that differ from the defaults (GRPO advantages, PPO clip loss).
+# One row per algorithm: the [algorithm] keys (dotted) that differ from the defaults (GRPO advantages, PPO clip loss).
 VARIANTS: dict[str, dict[str, Any]] = {
     "grpo": {},
-    "dr_grpo": {"advantage": "dr_grpo"},
-    "rloo": {"advantage": "rloo"},
-    "gspo": {"loss": "gspo", "reduction": "sequence_mean"},  # GSPO's paper reduces per sequence
-    "cispo": {"loss": "cispo"},
-    "ppo_gae": {"advantage": "gae", "lam": 0.95},
+    "dr_grpo": {"advantage.type": "dr_grpo"},
+    "rloo": {"advantage.type": "rloo"},
+    "gspo": {"loss.type": "gspo", "reduction.type": "sequence_mean"},  # GSPO's paper reduces per sequence
+    "cispo": {"loss.type": "cispo"},
+    "ppo_gae": {"advantage.type": "gae", "advantage.lam": 0.95},
 }
 LORA_VARIANT = "grpo_lora"
 

@@ -1,12 +1,12 @@
 """Synchronous against asynchronous GRPO on the calculator example, same samples, one process.
 
 Runs `thermik rl @ examples/calculator/rl.toml` (the main job's RL half, from its SFT checkpoint) with
-trainer.max_off_policy_steps = 0 (synchronous), then each value of --off-policy, for --steps steps each, with
+trainer.max_async_steps = 0 (synchronous), then each value of --off-policy, for --steps steps each, with
 the calculator MCP server sleeping --latency seconds per tool call (real agent tools are slow: search APIs,
 code execution). Prints the mean wall time per step (after the first) and the held-out success after training
 (--eval-size problems sampled at temperature 1), and the speed ratio of each async run over the synchronous.
 
-With --split K it adds a row for the same run with max_off_policy_steps = K as three processes from one config
+With --split K it adds a row for the same run with max_async_steps = K as three processes from one config
 (`thermik inference`, `thermik trainer`, `thermik orchestrator`; docs/process_split.md), each with one torch
 thread: the decode loop, the update and the agent loops no longer share one interpreter (its lock) or one
 OpenMP runtime. Its s/step is the mean interval between the trainer's steps (after the first).
@@ -46,7 +46,7 @@ def rl_argv(args: argparse.Namespace, name: str, off_policy: int, out: Path) -> 
         f"--output_dir={out}",
         f"--model.path={args.model}",
         f"--trainer.steps={args.steps}",
-        f"--trainer.max_off_policy_steps={off_policy}",
+        f"--trainer.max_async_steps={off_policy}",
         f"--env.tool_latency_s={args.latency}",
         f"--eval.size={args.eval_size}",
         "--eval.before=false",
@@ -131,9 +131,9 @@ def main() -> None:
     parser.add_argument("--model", default="runs/calculator-sft/model", help="the SFT checkpoint to start from")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--latency", type=float, default=0.3, help="seconds the MCP server sleeps per tool call")
-    parser.add_argument("--off-policy", type=int, nargs="+", default=[1, 2], help="max_off_policy_steps values")
+    parser.add_argument("--off-policy", type=int, nargs="+", default=[1, 2], help="max_async_steps values")
     parser.add_argument("--eval-size", type=int, default=200)
-    parser.add_argument("--split", type=int, nargs="*", default=[], help="max_off_policy_steps of split-process rows")
+    parser.add_argument("--split", type=int, nargs="*", default=[], help="max_async_steps of split-process rows")
     parser.add_argument("--out", type=Path, help="keep the runs here (default: a temporary directory)")
     args = parser.parse_args()
     if not (Path(args.model) / "config.json").exists():
@@ -143,7 +143,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        names = {k: f"max_off_policy_steps={k}" if k else "synchronous" for k in [0, *args.off_policy]}
+        names = {k: f"max_async_steps={k}" if k else "synchronous" for k in [0, *args.off_policy]}
         results = {name: run(args, k, out) for k, name in names.items()}
         results |= {f"split processes, k={k}": run_split(args, k, out) for k in args.split}
     base = results["synchronous"]["step_s"]

@@ -112,7 +112,10 @@ def thermik_config(spec: BenchSpec) -> RunConfig:
         ),
         data=DataConfig(synthetic_train_size=spec.train_rows, synthetic_eval_size=1, seed=spec.seed),
         algorithm=AlgorithmConfig(
-            advantage="grpo", loss="ppo", reduction="token_mean", clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_coef=0.0
+            advantage={"type": "grpo"},
+            loss={"type": "ppo", "clip_low": CLIP_LOW, "clip_high": CLIP_HIGH},
+            reduction={"type": "token_mean"},
+            kl={"coef": 0.0},
         ),
         trainer=TrainerConfig(
             steps=spec.steps + 1,

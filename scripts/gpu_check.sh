@@ -137,7 +137,7 @@ stage_rl_sync() {
     # shellcheck disable=SC2046
     thermik rl @ examples/calculator/rl.toml --name "rl-sync-$name" --output_dir "$RUNS" --model.path "$model" \
       --model.device "$DEVICE" --model.train_precision "${TRAIN_PRECISION[$kind]}" \
-      --inference.precision "${ENGINE_PRECISION[$kind]}" --trainer.max_off_policy_steps "$async" \
+      --inference.precision "${ENGINE_PRECISION[$kind]}" --trainer.max_async_steps "$async" \
       --trainer.steps "$( ((QUICK)) && echo 2 || echo 5)" --guards.parity_every 1 \
       --guards.parity_max_abs_diff "$limit" --eval.before false --eval.size 16 --checkpoint.every 0 \
       --monitor.progress false \

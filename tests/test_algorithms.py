@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from thermik.algorithms import (
-    LossParams,
+    ClipParams,
     broadcast_to_tokens,
     dr_grpo_advantages,
     entropy_from_logits,
@@ -27,7 +27,9 @@ from thermik.algorithms import (
     sequence_mean,
     token_mean,
 )
-from thermik.config.schema import AlgorithmConfig
+from thermik.algorithms.registry import POLICY_LOSSES
+from thermik.config.algorithm import AdvantageConfig, AlgorithmConfig, KLConfig, ReductionConfig
+from thermik.config.variants import variant_models
 
 # ---------------------------------------------------------------- advantages
 
@@ -121,7 +123,7 @@ def _grad(logp, old_logp, adv, mask, reduce, splits) -> torch.Tensor:
     start = 0
     for size in splits:
         sl = slice(start, start + size)
-        loss, _ = ppo_clip_loss(leaf[sl], old_logp[sl], adv[sl], mask[sl], LossParams(), reduce(sl))
+        loss, _ = ppo_clip_loss(leaf[sl], old_logp[sl], adv[sl], mask[sl], ClipParams(), reduce(sl))
         loss.backward()
         start += size
     assert leaf.grad is not None
@@ -163,7 +165,7 @@ def test_ppo_clip_both_sides_both_signs() -> None:
         logp[0, 3] = -math.inf  # padding garbage on a masked token
     adv = torch.tensor([[1.0] * 4, [-1.0] * 4], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0]], dtype=torch.float64)
-    loss, m = ppo_clip_loss(logp, old_logp, adv, mask, LossParams(clip_low=0.2, clip_high=0.28), token_mean)
+    loss, m = ppo_clip_loss(logp, old_logp, adv, mask, ClipParams(clip_low=0.2, clip_high=0.28), token_mean)
     # A=+1: r=1 -> -1; r=1.5 -> -min(1.5, 1.28) = -1.28 (clipped high); r=0.5 -> -min(0.5, 0.8) = -0.5 (not clipped)
     # A=-1: r=1.5 -> -min(-1.5, -1.28) = 1.5 (not clipped); r=0.5 -> -min(-0.5, -0.8) = 0.8 (clipped low); r=1.1 -> 1.1
     # token mean over 6 tokens: (-1 - 1.28 - 0.5 + 1.5 + 0.8 + 1.1) / 6 = 0.62 / 6 = 0.1033333
@@ -185,16 +187,16 @@ def test_ppo_symmetric_clip_differs_from_clip_higher() -> None:
     ratio = torch.tensor([[1.25]])
     args = (ratio.log(), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1))
     # r = 1.25, A = 1: with clip_high 0.2 the objective is capped at 1.2; with 0.28 it is 1.25
-    assert ppo_clip_loss(*args, LossParams(clip_high=0.2), token_mean)[0].item() == pytest.approx(-1.2)
-    assert ppo_clip_loss(*args, LossParams(clip_high=0.28), token_mean)[0].item() == pytest.approx(-1.25)
+    assert ppo_clip_loss(*args, ClipParams(clip_high=0.2), token_mean)[0].item() == pytest.approx(-1.2)
+    assert ppo_clip_loss(*args, ClipParams(clip_high=0.28), token_mean)[0].item() == pytest.approx(-1.25)
 
 
 def test_ppo_bad_input() -> None:
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match=r"\[N, T\]"):
-        ppo_clip_loss(x, x, x[:, :2], x, LossParams(), token_mean)
+        ppo_clip_loss(x, x, x[:, :2], x, ClipParams(), token_mean)
     with pytest.raises(ValueError, match="clip_low"):
-        ppo_clip_loss(x, x, x, x, LossParams(clip_low=1.5), token_mean)
+        ppo_clip_loss(x, x, x, x, ClipParams(clip_low=1.5), token_mean)
 
 
 # ---------------------------------------------------------------- KL and entropy
@@ -246,11 +248,16 @@ def test_registry_lookup_and_errors() -> None:
 
 
 def test_every_config_choice_is_registered() -> None:
-    fields = [("advantage", "advantage"), ("loss", "policy_loss"), ("reduction", "reduction"), ("kl_estimator", "kl")]
-    for field, table in fields:
-        for name in get_args(AlgorithmConfig.model_fields[field].annotation):
-            if name != "custom":  # loaded from algorithm.custom_loss, tested in test_algorithms_losses.py
-                assert callable(get(table, name))
+    sections = [
+        (AdvantageConfig, "type", "advantage"),
+        (ReductionConfig, "type", "reduction"),
+        (KLConfig, "estimator", "kl"),
+    ]
+    for section, field, table in sections:
+        for name in get_args(section.model_fields[field].annotation):
+            assert callable(get(table, name))
+    losses = variant_models(AlgorithmConfig.model_fields["loss"].annotation)
+    assert set(losses) == set(POLICY_LOSSES) | {"custom"}  # custom: loaded from algorithm.loss.path
 
 
 def test_algorithms_import_no_heavy_backends() -> None:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from thermik.algorithms import (
+    POLICY_LOSS_PARAMS,
     POLICY_LOSSES,
-    LossParams,
     aipo_loss,
     cispo_loss,
     clip_cov_loss,
@@ -28,6 +28,10 @@ from thermik.algorithms import (
     sapo_loss,
     token_mean,
 )
+from thermik.algorithms.cov_losses import ClipCovParams, KlCovParams
+from thermik.algorithms.custom import CustomParams
+from thermik.algorithms.is_losses import CispoParams, RatioCapParams
+from thermik.algorithms.losses import ClipParams, DppoParams, DualClipParams, NoParams, SapoParams
 
 OLD = -1.0
 
@@ -42,11 +46,13 @@ def _inputs(ratios: list[list[float]], adv: list[list[float]], mask: list[list[f
     return logp, old, a, m
 
 
-DEFAULT = LossParams()
+NAMES = {fn: name for name, fn in POLICY_LOSSES.items()}
 
 
-def _run(fn, inputs, params: LossParams = DEFAULT):
+def _run(fn, inputs, params=None):
+    """fn on inputs with `params`, or the loss's default parameters."""
     logp, old, adv, mask = inputs
+    params = POLICY_LOSS_PARAMS[NAMES[fn]]() if params is None else params
     loss, metrics = fn(logp, old, adv, mask, params, token_mean)
     loss.backward()
     return loss.item(), logp.grad, metrics
@@ -58,7 +64,7 @@ def _close(actual: torch.Tensor, expected: list) -> None:
 
 def test_dual_clip_bounds_negative_advantages() -> None:
     inputs = _inputs([[3.0, 0.5, 1.0], [3.0, 1.0, 1.0]], [[-1.0] * 3, [1.0] * 3])
-    loss, grad, m = _run(dual_clip_loss, inputs, LossParams(clip_ratio_c=2.0))
+    loss, grad, m = _run(dual_clip_loss, inputs, DualClipParams(clip_ratio_c=2.0))
     # A=-1: r=3 -> PPO 3, dual bound c|A| = 2 -> 2 (no gradient) ; r=0.5 -> PPO -min(-0.5, -0.8) = 0.8 (clipped low);
     # r=1 -> 1. A=+1: r=3 -> -1.28 (clipped high) ; r=1 -> -1, -1. Mean over 6: (2 + 0.8 + 1 - 1.28 - 2) / 6
     assert loss == pytest.approx(0.52 / 6)
@@ -66,11 +72,11 @@ def test_dual_clip_bounds_negative_advantages() -> None:
     assert m["policy/clip_frac_dual"] == pytest.approx(1 / 6)
     assert m["policy/clip_frac"] == pytest.approx(3 / 6)
     # plain PPO leaves the first token unbounded: 3 instead of 2
-    assert ppo_clip_loss(*inputs[:2], inputs[2], inputs[3], LossParams(), token_mean)[0].item() == pytest.approx(
+    assert ppo_clip_loss(*inputs[:2], inputs[2], inputs[3], ClipParams(), token_mean)[0].item() == pytest.approx(
         1.52 / 6
     )
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        _run(dual_clip_loss, inputs, LossParams(clip_ratio_c=1.0))
+        _run(dual_clip_loss, inputs, DualClipParams(clip_ratio_c=1.0))
 
 
 def test_gspo_sequence_ratio_and_equal_token_gradients() -> None:
@@ -89,7 +95,7 @@ def test_gspo_sequence_ratio_and_equal_token_gradients() -> None:
 
 def test_cispo_clips_the_weight_not_the_gradient() -> None:
     inputs = _inputs([[2.0, 0.5, 1.0]], [[1.0, 1.0, -1.0]])
-    loss, grad, m = _run(cispo_loss, inputs, LossParams(cispo_clip_low=1.0, cispo_clip_high=0.5))
+    loss, grad, m = _run(cispo_loss, inputs, CispoParams(clip_low=1.0, clip_high=0.5))
     # weights clamp(r, 0, 1.5) = 1.5, 0.5, 1 ; logp = -1 + ln r = -0.3068528, -1.6931472, -1
     # loss = -(1.5 * -0.3068528 + 0.5 * -1.6931472 - 1 * -1) / 3 = 0.3068528 / 3
     assert loss == pytest.approx(0.3068528 / 3)
@@ -100,7 +106,7 @@ def test_cispo_clips_the_weight_not_the_gradient() -> None:
 
 def test_sapo_soft_gate() -> None:
     inputs = _inputs([[1.0, 2.0]], [[1.0, -1.0]])
-    loss, grad, m = _run(sapo_loss, inputs, LossParams(sapo_tau_pos=1.0, sapo_tau_neg=2.0))
+    loss, grad, m = _run(sapo_loss, inputs, SapoParams(tau_pos=1.0, tau_neg=2.0))
     # r=1, A=+1, tau 1: f = 4 sigmoid(0) = 2 -> -2 ; f'(1) = 1 so d/dlogp = -A * r = -1 (plain policy gradient)
     # r=2, A=-1, tau 2: f = 2 sigmoid(2) = 1.7615942 -> +1.7615942 ; f'(r) = 4 s (1 - s) = 0.4199743 with
     # s = sigmoid(2) = 0.8807971 -> d/dlogp = -A f'(r) r = 0.8399486 (PPO's clip would give 0 here only for r<0.8)
@@ -114,7 +120,7 @@ def test_dppo_masks_on_probability_difference() -> None:
     new_p = torch.tensor([[0.8, 0.6, 0.2, 0.45, 0.02]], dtype=torch.float64)
     logp = new_p.log().requires_grad_(True)
     adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, 1.0]], dtype=torch.float64)
-    loss, m = dppo_loss(logp, old_p.log(), adv, torch.ones_like(adv), LossParams(), token_mean)
+    loss, m = dppo_loss(logp, old_p.log(), adv, torch.ones_like(adv), DppoParams(), token_mean)
     loss.backward()
     # d = p - p_old: +0.3 (A>0, > 0.2: blocked), +0.1 (ok), -0.3 (A<0, blocked), -0.05 (ok), +0.01 (ok: a rare token
     # doubling its probability moves little mass, though its ratio 2 is far outside PPO's clip)
@@ -128,7 +134,7 @@ def test_dppo_kl_binary_kl_mask() -> None:
     old_p = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
     logp = torch.tensor([[0.8, 0.6]], dtype=torch.float64).log().requires_grad_(True)
     adv = torch.ones(1, 2, dtype=torch.float64)
-    loss, m = dppo_kl_loss(logp, old_p.log(), adv, torch.ones_like(adv), LossParams(), token_mean)
+    loss, m = dppo_kl_loss(logp, old_p.log(), adv, torch.ones_like(adv), DppoParams(), token_mean)
     # KL_b(0.5 || 0.8) = 0.5 ln(0.5/0.8) + 0.5 ln(0.5/0.2) = 0.2231436 > 0.2: blocked ;
     # KL_b(0.5 || 0.6) = 0.5 ln(0.5/0.6) + 0.5 ln(0.5/0.4) = 0.0204110: kept -> loss = -1.2 / 2
     assert loss.item() == pytest.approx(-0.6)
@@ -136,7 +142,7 @@ def test_dppo_kl_binary_kl_mask() -> None:
 
 
 def test_ipo_and_aipo_cap_the_ratio() -> None:
-    params = LossParams(ratio_cap=2.0)
+    params = RatioCapParams(ratio_cap=2.0)
     loss, grad, m = _run(ipo_loss, _inputs([[3.0, 0.5]], [[1.0, -1.0]]), params)
     # ipo: -min(3, 2) * 1 = -2 (capped: no gradient) ; -min(0.5, 2) * -1 = 0.5 (gradient -A r = 0.5) ; mean -0.75
     assert loss == pytest.approx(-0.75)
@@ -148,7 +154,7 @@ def test_ipo_and_aipo_cap_the_ratio() -> None:
     assert loss == pytest.approx(-0.5218991)
     _close(grad, [[-1.0, 0.25]])
     with pytest.raises(ValueError, match="ratio_cap"):
-        _run(ipo_loss, _inputs([[1.0]], [[1.0]]), LossParams(ratio_cap=0.0))
+        _run(ipo_loss, _inputs([[1.0]], [[1.0]]), RatioCapParams(ratio_cap=0.0))
 
 
 def test_importance_sampling_and_cross_entropy() -> None:
@@ -158,7 +164,7 @@ def test_importance_sampling_and_cross_entropy() -> None:
     _close(grad, [[-1.5, 0.25]])
     logp = torch.tensor([[-1.0, -2.0, float("-inf")]], dtype=torch.float64, requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
-    loss_t, _ = cross_entropy_loss(logp, logp.detach(), torch.full_like(mask, 5.0), mask, LossParams(), token_mean)
+    loss_t, _ = cross_entropy_loss(logp, logp.detach(), torch.full_like(mask, 5.0), mask, NoParams(), token_mean)
     loss_t.backward()
     # mean of -logp over the two mask tokens = 1.5, advantages ignored; the -inf padding does not leak
     assert loss_t.item() == pytest.approx(1.5)
@@ -174,19 +180,19 @@ def _cov_inputs(diff: list[float]):
 
 
 def test_clip_cov_cuts_gradient_of_highest_covariance_tokens() -> None:
-    loss, grad, m = _run(clip_cov_loss, _cov_inputs([0.0] * 4), LossParams(clip_cov_ratio=0.25))
+    loss, grad, m = _run(clip_cov_loss, _cov_inputs([0.0] * 4), ClipCovParams(fraction=0.25))
     # ratio 1: per token -A = -2, 0, 2, 0 -> loss 0 ; k = max(1, int(0.25 * 4)) = 1 token with cov in (1, 5):
     # the largest, token 0 (cov 3), loses its gradient ; token 2 keeps -A / 4 = 0.5
     assert loss == pytest.approx(0.0)
     _close(grad, [[0.0, 0.0, 0.5, 0.0]])
     assert m["policy/cov_clip_frac"] == pytest.approx(0.25)
-    _, grad, _ = _run(clip_cov_loss, _cov_inputs([0.0] * 4), LossParams(clip_cov_ratio=0.25, clip_cov_ub=2.5))
+    _, grad, _ = _run(clip_cov_loss, _cov_inputs([0.0] * 4), ClipCovParams(fraction=0.25, cov_high=2.5))
     # with the band (1, 2.5) token 0 (cov 3) is not eligible: token 2 (cov 2) is cut instead
     _close(grad, [[-0.5, 0.0, 0.0, 0.0]])
 
 
 def test_kl_cov_penalises_highest_covariance_tokens() -> None:
-    loss, _, m = _run(kl_cov_loss, _cov_inputs([0.1, 0.0, -0.2, 0.0]), LossParams(kl_cov_ratio=0.25, kl_cov_coef=1.0))
+    loss, _, m = _run(kl_cov_loss, _cov_inputs([0.1, 0.0, -0.2, 0.0]), KlCovParams(fraction=0.25, coef=1.0))
     # -r A: -2 e^0.1 = -2.2103418, 0, 2 e^-0.2 = 1.6374615, 0 ; token 0 (cov 3) adds 1 * |0.1|
     assert loss == pytest.approx((-2.2103418 + 0.1 + 1.6374615) / 4)
     assert m["policy/kl_cov_frac"] == pytest.approx(0.25)
@@ -201,13 +207,13 @@ def test_every_loss_same_signature_shapes_and_masked_garbage(name: str) -> None:
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.float64)
     with torch.no_grad():
         old[0, 4] = float("nan")  # padding garbage off the mask
-    loss, m = policy_loss(name)(logp, old, adv, mask, LossParams(), token_mean)
+    loss, m = policy_loss(name)(logp, old, adv, mask, POLICY_LOSS_PARAMS[name](), token_mean)
     loss.backward()
     assert loss.dim() == 0 and torch.isfinite(loss)
     assert torch.isfinite(logp.grad).all() and torch.all(logp.grad[mask == 0] == 0)
     assert {"policy/clip_frac", "policy/ratio_mean", "policy/ratio_std"} <= set(m)
     with pytest.raises(ValueError, match=r"\[N, T\]"):
-        policy_loss(name)(logp, old, adv[:, :2], mask, LossParams(), token_mean)
+        policy_loss(name)(logp, old, adv[:, :2], mask, POLICY_LOSS_PARAMS[name](), token_mean)
 
 
 def test_custom_loss_from_import_path(tmp_path, monkeypatch) -> None:
@@ -226,7 +232,7 @@ def test_custom_loss_from_import_path(tmp_path, monkeypatch) -> None:
     sys.modules.pop("my_losses", None)
     fn = policy_loss("custom", "my_losses:half_pg")
     logp = torch.tensor([[-1.0, -2.0]])
-    loss, _ = fn(logp, logp, torch.ones(1, 2), torch.ones(1, 2), LossParams(), token_mean)
+    loss, _ = fn(logp, logp, torch.ones(1, 2), torch.ones(1, 2), CustomParams(), token_mean)
     assert loss.item() == pytest.approx(0.75)  # -0.5 * (-1 - 2) / 2
     with pytest.raises(ValueError, match=r"package\.module:function"):
         policy_loss("custom", "my_losses.half_pg")
@@ -243,8 +249,9 @@ def test_custom_loss_config_needs_its_path() -> None:
 
     from thermik.config.schema import AlgorithmConfig
 
-    with pytest.raises(ValidationError, match="custom_loss must be set exactly when"):
-        AlgorithmConfig(loss="custom")
-    with pytest.raises(ValidationError, match="custom_loss must be set exactly when"):
-        AlgorithmConfig(loss="ppo", custom_loss="pkg.mod:fn")
-    assert AlgorithmConfig(loss="custom", custom_loss="pkg.mod:fn").custom_loss == "pkg.mod:fn"
+    with pytest.raises(ValidationError, match=r"loss.custom.path\n  Field required"):
+        AlgorithmConfig(loss={"type": "custom"})
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        AlgorithmConfig(loss={"type": "ppo", "path": "pkg.mod:fn"})
+    loss = AlgorithmConfig(loss={"type": "custom", "path": "pkg.mod:fn", "options": {"beta": 0.5}}).loss
+    assert (loss.path, loss.options) == ("pkg.mod:fn", {"beta": 0.5})

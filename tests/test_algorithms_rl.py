@@ -78,21 +78,19 @@ def _metrics(tmp_path) -> list[dict]:
 @pytest.mark.slow
 def test_many_options_through_the_loop(tmp_path, stopping_model_dir, letter_env) -> None:
     algorithm = {
-        "advantage": "rloo",
-        "loss": "cispo",
-        "reduction": "prompt_mean",
-        "kl_coef": 0.05,
-        "kl_mode": "reward",
-        "kl_controller": "adaptive",
-        "kl_horizon": 16,
-        "ref_update": "ema",
-        "ref_update_every": 1,
-        "off_policy": "tis",
-        "dynamic_sampling": "filter",
-        "dynamic_sampling_max_rounds": 2,
-        "zero_variance_mask": True,
-        "overlong_buffer": 4,
-        "length_penalty_coef": 0.1,
+        "advantage": {"type": "rloo"},
+        "loss": {"type": "cispo"},
+        "reduction": {"type": "prompt_mean"},
+        "kl": {"coef": 0.05, "mode": "reward", "controller": "adaptive", "horizon": 16},
+        "reference": {"update": "ema", "every": 1},
+        "correction": {"type": "tis"},
+        "shaping": {
+            "dynamic_sampling": "filter",
+            "dynamic_sampling_max_rounds": 2,
+            "zero_variance_mask": True,
+            "overlong_buffer": 4,
+            "length_penalty_coef": 0.1,
+        },
     }
     cfg = _config(tmp_path, stopping_model_dir, letter_env, algorithm, {"mini_batches": 2, "micro_batch_size": 3})
     run_rl(cfg)
@@ -115,8 +113,13 @@ def test_many_options_through_the_loop(tmp_path, stopping_model_dir, letter_env)
 
 @pytest.mark.slow
 def test_replace_keeps_the_batch_full(tmp_path, stopping_model_dir, letter_env) -> None:
-    algorithm = {"advantage": "maxrl", "loss": "gspo", "reduction": "seq_mean_token_sum_norm",
-                 "dynamic_sampling": "replace", "kl_coef": 0.01, "kl_estimator": "k2"}  # fmt: skip
+    algorithm = {
+        "advantage": {"type": "maxrl"},
+        "loss": {"type": "gspo"},
+        "reduction": {"type": "seq_mean_token_sum_norm"},
+        "shaping": {"dynamic_sampling": "replace"},
+        "kl": {"coef": 0.01, "estimator": "k2"},
+    }
     run_rl(_config(tmp_path, stopping_model_dir, letter_env, algorithm))
     for m in _metrics(tmp_path):
         assert m["batch/rollout_rounds"] == 1

@@ -66,7 +66,7 @@ def _grads_after_update(policy, batch, alg, micro, mini_batches=1, lr=0.0, **kw)
 
 @pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean", "seq_mean_token_sum_norm", "prompt_mean"])
 def test_gradient_independent_of_micro_batch_split(tiny_policy, reduction: str) -> None:
-    alg = AlgorithmConfig(reduction=reduction, seq_norm_constant=16.0, entropy_coef=0.01)
+    alg = AlgorithmConfig(reduction={"type": reduction, "constant": 16.0}, entropy_coef=0.01)
     batch = _batch()
     full, _ = _grads_after_update(tiny_policy, batch, alg, micro=6)
     assert full.abs().sum() > 0
@@ -98,13 +98,13 @@ def test_tis_scales_and_mis_drops_the_gradient(tiny_policy) -> None:
     with torch.no_grad():
         trainer_logp = logprobs_no_grad(tiny_policy, batch, 6, 1.0)
     batch.rollout_logp = (trainer_logp - torch.log(torch.tensor(2.0))) * batch.mask
-    tis, m = _grads_after_update(tiny_policy, batch, AlgorithmConfig(off_policy="tis", tis_cap=1.5), micro=3)
+    tis, m = _grads_after_update(tiny_policy, batch, AlgorithmConfig(correction={"type": "tis", "cap": 1.5}), micro=3)
     torch.testing.assert_close(tis, 1.5 * base, atol=1e-6, rtol=1e-4)
     assert m["off_policy/weight_mean"] == pytest.approx(1.5)
     assert m["off_policy/corrected_frac"] == pytest.approx(1.0)
     assert m["off_policy/mismatch_kl"] == pytest.approx(2 - 1 - torch.log(torch.tensor(2.0)).item(), abs=1e-5)
     # MIS keeps [0.5, 1.8]: rho = 2 is outside, every token dropped -> no policy gradient at all
-    mis, m = _grads_after_update(tiny_policy, batch, AlgorithmConfig(off_policy="mis", mis_high=1.8), micro=3)
+    mis, m = _grads_after_update(tiny_policy, batch, AlgorithmConfig(correction={"type": "mis", "high": 1.8}), micro=3)
     assert mis.abs().max() == 0 and m["off_policy/corrected_frac"] == pytest.approx(1.0)
 
 
@@ -117,13 +117,15 @@ def test_kl_loss_estimator_selectable_and_reward_mode(tiny_policy) -> None:
     metrics = {}
     for est in ("k1", "k2", "k3", "abs"):
         _, metrics[est] = _grads_after_update(
-            tiny_policy, batch, AlgorithmConfig(kl_coef=0.1, kl_estimator=est), micro=6, ref=ref
+            tiny_policy, batch, AlgorithmConfig(kl={"coef": 0.1, "estimator": est}), micro=6, ref=ref
         )
     # k2 = log_r^2 / 2 and abs = |log_r| differ in value; abs >= k1 (k1 may be negative per token)
     assert metrics["abs"]["policy/kl"] > 0 and metrics["abs"]["policy/kl"] >= metrics["k1"]["policy/kl"]
     assert metrics["k2"]["policy/kl"] != pytest.approx(metrics["k3"]["policy/kl"])
     # reward mode: no KL loss term in the update, the penalty reaches the advantages instead
-    _, m = _grads_after_update(tiny_policy, batch, AlgorithmConfig(kl_coef=0.1, kl_mode="reward"), micro=6, ref=ref)
+    _, m = _grads_after_update(
+        tiny_policy, batch, AlgorithmConfig(kl={"coef": 0.1, "mode": "reward"}), micro=6, ref=ref
+    )
     assert "policy/kl" not in m
 
 
@@ -135,7 +137,7 @@ def test_kl_reward_mode_changes_advantages_by_hand() -> None:
         torch.zeros(2, 3), token_rewards=token_rewards, group_ids=torch.tensor([0, 0]),
     )  # fmt: skip
     ref_logp = torch.tensor([[0.0, -0.5, -1.0], [0.0, -2.0, 0.0]])
-    alg = AlgorithmConfig(advantage="dr_grpo", kl_coef=0.1, kl_mode="reward", kl_estimator="k1")
+    alg = AlgorithmConfig(advantage={"type": "dr_grpo"}, kl={"coef": 0.1, "mode": "reward", "estimator": "k1"})
     metrics = assign_advantages(batch, alg, max_response_length=8, ref_logp=ref_logp, kl_coef=0.1)
     # k1 = rollout - ref = 0.5, 1 (row 0) and 2 (row 1): returns 1 - 0.1 * 1.5 = 0.85 and 1 - 0.1 * 2 = 0.8
     # -> dr_grpo: mean 0.825 -> +0.025 / -0.025 on each row's tokens
@@ -149,14 +151,16 @@ def test_reference_refresh_copy_and_ema(tiny_policy) -> None:
         for p in policy.parameters():
             p.add_(1.0)
     first = next(ref.parameters()).detach().clone()
-    alg = AlgorithmConfig(kl_coef=0.1, ref_update="ema", ref_update_every=2, ref_ema_alpha=0.25)
+    alg = AlgorithmConfig(kl={"coef": 0.1}, reference={"update": "ema", "every": 2, "ema_alpha": 0.25})
     assert not maybe_refresh(ref, policy, alg, step=1)  # not a multiple of 2
     assert maybe_refresh(ref, policy, alg, step=2)
     torch.testing.assert_close(next(ref.parameters()), first + 0.25)  # (1 - 0.25) ref + 0.25 (ref + 1)
-    copy_alg = alg.model_copy(update={"ref_update": "copy"})
+    copy_alg = AlgorithmConfig(kl={"coef": 0.1}, reference={"update": "copy", "every": 2})
     maybe_refresh(ref, policy, copy_alg, step=4)
     torch.testing.assert_close(next(ref.parameters()), next(policy.parameters()))
-    assert not maybe_refresh(ref, policy, alg.model_copy(update={"ref_update": "frozen"}), step=4)
+    assert not maybe_refresh(
+        ref, policy, AlgorithmConfig(kl={"coef": 0.1}, reference={"update": "frozen", "every": 2}), step=4
+    )
 
 
 def test_nan_loss_skips_the_step_then_fails(tiny_policy, tmp_path, monkeypatch) -> None:
@@ -170,8 +174,8 @@ def test_nan_loss_skips_the_step_then_fails(tiny_policy, tmp_path, monkeypatch) 
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("nan_loss", None)
-    alg = AlgorithmConfig(loss="custom", custom_loss="nan_loss:nan_loss", max_nonfinite_steps=2)
-    guard = NonFiniteGuard(alg.max_nonfinite_steps)
+    alg = AlgorithmConfig(loss={"type": "custom", "path": "nan_loss:nan_loss"}, health={"max_nonfinite_steps": 2})
+    guard = NonFiniteGuard(alg.health.max_nonfinite_steps)
     model = copy.deepcopy(tiny_policy)
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)

@@ -105,7 +105,7 @@ def test_rollout_failure_reaches_the_trainer() -> None:
 
 @pytest.mark.slow
 def test_async_run_learns_with_bounded_staleness(tmp_path, tiny_model_dir) -> None:
-    cfg = lowercase_run_config(tmp_path, tiny_model_dir, "async", max_off_policy_steps=1)
+    cfg = lowercase_run_config(tmp_path, tiny_model_dir, "async", max_async_steps=1)
     register("lowercase", "tests.test_grpo_learns:CountLetterEnv")
     try:
         result = run_rl(cfg)

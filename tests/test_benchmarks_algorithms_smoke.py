@@ -31,8 +31,8 @@ def test_every_row_is_the_example_config_with_its_algorithm(bench, tmp_path) -> 
         name: load_config(RunConfig, bench.rl_argv(args, name, tmp_path / "m"), env={})
         for name in [*bench.VARIANTS, bench.LORA_VARIANT]
     }
-    assert configs["ppo_gae"].algorithm.advantage == "gae" and configs["gspo"].algorithm.loss == "gspo"
-    assert configs["dr_grpo"].algorithm.advantage == "dr_grpo" and configs["cispo"].algorithm.loss == "cispo"
+    assert configs["ppo_gae"].algorithm.advantage.type == "gae" and configs["gspo"].algorithm.loss.type == "gspo"
+    assert configs["dr_grpo"].algorithm.advantage.type == "dr_grpo" and configs["cispo"].algorithm.loss.type == "cispo"
     assert configs["grpo_lora"].lora.enabled and not configs["grpo"].lora.enabled
     assert configs["grpo_lora"].trainer.optimizer.lr == args.lora_lr
     lora = configs.pop("grpo_lora")

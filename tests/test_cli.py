@@ -23,15 +23,16 @@ from thermik.models.presets import PRESETS
 
 
 def _leaves(model_cls: type[BaseModel], prefix: str = "") -> dict[str, object]:
-    """Dotted leaf key -> default value, for every field of the config tree."""
+    """Dotted leaf key -> default value, for every field of the config tree (of a section with variants: the
+    default variant's)."""
     out: dict[str, object] = {}
     default = model_cls()
-    for name, field in model_cls.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            out.update(_leaves(annotation, f"{prefix}{name}."))
+    for name in model_cls.model_fields:
+        value = getattr(default, name)
+        if isinstance(value, BaseModel):
+            out.update(_leaves(type(value), f"{prefix}{name}."))
         else:
-            out[f"{prefix}{name}"] = getattr(default, name)
+            out[f"{prefix}{name}"] = value
     return out
 
 
@@ -58,7 +59,8 @@ def test_help_lists_every_leaf_with_its_default(cmd: str, model_cls: type[BaseMo
     assert all("default=" in line for line in lines.values())
     if cmd == "rl":
         assert "default=80" in lines["--trainer.steps"]
-        assert "default=0.28" in lines["--algorithm.clip_high"]
+        assert "default=0.28" in lines["--algorithm.loss.clip_high"]
+        assert "{ppo,dual_clip,gspo," in lines["--algorithm.loss.type"]  # every variant, the default's knobs
         assert "default=[0.9, 0.98]" in lines["--trainer.optimizer.betas"]
 
 
@@ -68,7 +70,7 @@ def test_dry_run_prints_resolved_toml() -> None:
     cfg = tomllib.loads(res.stdout)
     assert cfg["trainer"]["steps"] == 7
     assert cfg["env"]["name"] == "reverse_text"
-    assert cfg["algorithm"]["clip_high"] == RunConfig().algorithm.clip_high  # untouched keys keep defaults
+    assert cfg["algorithm"]["loss"]["clip_high"] == RunConfig().algorithm.loss.clip_high  # untouched keys keep defaults
     assert RunConfig.model_validate(cfg).trainer.steps == 7  # the dump is itself a valid config
 
 
@@ -108,7 +110,7 @@ def test_config_errors_never_import_torch() -> None:
     ("args", "key"),
     [
         (["--trainer.steps", "0"], "trainer.steps"),
-        (["--algorithm.advantage", "ppo2"], "algorithm.advantage"),
+        (["--algorithm.advantage.type", "ppo2"], "algorithm.advantage.type"),
         (
             ["--rollout.max_generate_length", "2000", "--rollout.max_sequence_length", "1024"],
             "rollout.max_sequence_length",

@@ -43,13 +43,13 @@ def test_precedence_files_then_env_then_cli(tmp_path: Path) -> None:
     )
     b = _write(tmp_path / "b.toml", "[trainer]\nsteps = 20\n[trainer.optimizer]\nwarmup_steps = 5\n")
     env = {"THERMIK_TRAINER__STEPS": "30", "thermik_Eval__size": "12", "OTHER": "x"}
-    cfg = load_config(RunConfig, ["@", a, f"@{b}", "--eval.size=13", "--algorithm.clip_high", "0.3"], env)
+    cfg = load_config(RunConfig, ["@", a, f"@{b}", "--eval.size=13", "--algorithm.loss.clip_high", "0.3"], env)
     assert cfg.name == "a"
     assert cfg.trainer.steps == 30  # env beats both files
     assert cfg.trainer.group_size == 3  # deep merge keeps a's sibling key
     assert cfg.trainer.optimizer.lr == 0.1 and cfg.trainer.optimizer.warmup_steps == 5
     assert cfg.eval.size == 13  # CLI beats env
-    assert cfg.algorithm.clip_high == 0.3
+    assert cfg.algorithm.loss.clip_high == 0.3
     assert cfg.model == RunConfig().model  # untouched sections keep defaults
 
 
@@ -79,8 +79,8 @@ def test_unknown_key_names_it_and_suggests() -> None:
 
 
 def test_unknown_key_in_toml_and_env(tmp_path: Path) -> None:
-    bad = _write(tmp_path / "bad.toml", "[algorithm]\nclip_hgh = 0.3\n")
-    with pytest.raises(ConfigError, match=r"algorithm\.clip_hgh.*bad\.toml.*algorithm\.clip_high"):
+    bad = _write(tmp_path / "bad.toml", "[algorithm.loss]\nclip_hgh = 0.3\n")
+    with pytest.raises(ConfigError, match=r"algorithm\.loss\.clip_hgh.*bad\.toml.*algorithm\.loss\.clip_high"):
         load_config(RunConfig, ["@", bad])
     with pytest.raises(ConfigError, match=r"THERMIK_TRAINER__GROUPSIZE.*trainer\.group_size"):
         load_config(RunConfig, [], {"THERMIK_TRAINER__GROUPSIZE": "4"})
@@ -169,7 +169,14 @@ def test_help_lists_every_leaf_with_default(model_cls: type[BaseModel]) -> None:
 def test_dump_load_round_trip(tmp_path: Path) -> None:
     cfg = load_config(
         RunConfig,
-        ["--name", 'we"ird \\ name', "--trainer.optimizer.betas", "[0.8, 0.9]", "--algorithm.std_eps", "1e-8"],
+        [
+            "--name",
+            'we"ird \\ name',
+            "--trainer.optimizer.betas",
+            "[0.8, 0.9]",
+            "--algorithm.advantage.std_eps",
+            "1e-8",
+        ],
         {"THERMIK_MONITOR__PROGRESS": "false"},
     )
     text = dump_toml(cfg)
@@ -201,10 +208,10 @@ def test_bad_key_fails_fast_without_torch() -> None:
 @pytest.mark.parametrize(
     ("section", "values"),
     [
-        ("algorithm", {"advantage": "gae"}),
+        ("algorithm", {"advantage": {"type": "gae"}}),
         ("lora", {"enabled": True}),
-        ("trainer", {"max_off_policy_steps": 1}),
-        ("algorithm", {"kl_coef": 0.1, "kl_mode": "reward"}),
+        ("trainer", {"max_async_steps": 1}),
+        ("algorithm", {"kl": {"coef": 0.1, "mode": "reward"}}),
     ],
 )
 def test_ray_runs_what_one_process_runs(section: str, values: dict) -> None:

@@ -94,7 +94,7 @@ def test_ppo_with_gae_runs_end_to_end_and_resumes_the_critic(tmp_path, stopping_
         train_rows=64,
         eval_rows=4,
         trainer={"steps": 6, "prompts_per_step": 2, "group_size": 4},
-        algorithm={"advantage": "gae", "lam": 0.95},
+        algorithm={"advantage": {"type": "gae", "lam": 0.95}},
         critic={"mini_batches": 2, "optimizer": {"lr": 3e-3}},
         checkpoint={"every": 3},
         eval={"size": 2, "before": False},

@@ -78,7 +78,7 @@ def test_reverse_kl_advantage_matches_an_independent_computation(teacher_dir):
 
 def test_multi_turn_masks_score_only_sampled_tokens(teacher_dir, tiny_model_dir):
     chat = ChatTokenizer(load_tokenizer(tiny_model_dir))
-    alg = AlgorithmConfig(teacher=str(teacher_dir), teacher_mode="combined", teacher_coef=2.0)
+    alg = AlgorithmConfig(teacher={"source": str(teacher_dir), "mode": "combined", "coef": 2.0})
     teacher = build_teacher(alg, TrainerConfig(), chat.tokenizer, None, "cpu")
     batch = _batch()
     env_adv = torch.full_like(batch.mask, 0.25) * batch.mask
@@ -101,7 +101,7 @@ def test_a_teacher_with_another_tokenizer_is_refused(tiny_model_dir, tmp_path):
     (other / "tokenizer.json").write_text((other / "tokenizer.json").read_text().replace('"a":', '"A_":', 1))
     chat = ChatTokenizer(load_tokenizer(tiny_model_dir))
     with pytest.raises(ValueError, match="share one tokenizer"):
-        build_teacher(AlgorithmConfig(teacher=str(other)), TrainerConfig(), chat.tokenizer, None, "cpu")
+        build_teacher(AlgorithmConfig(teacher={"source": str(other)}), TrainerConfig(), chat.tokenizer, None, "cpu")
 
 
 @pytest.mark.slow
@@ -134,7 +134,7 @@ def test_server_teacher_equals_the_in_process_teacher_and_distills_rl_steps(teac
         cfg = short_rl_config(
             tmp_path, tiny_model_dir, "distill", "reverse_text",
             trainer={"steps": 2, "prompts_per_step": 2, "group_size": 2},
-            algorithm={"teacher": url, "loss": "importance_sampling"},
+            algorithm={"teacher": {"source": url}, "loss": {"type": "importance_sampling"}},
             eval={"before": False, "size": 2},
         )  # fmt: skip
         run_rl(cfg)
@@ -158,7 +158,7 @@ def test_the_distillation_example_configs_validate(name, kind):
     path = Path(__file__).resolve().parents[1] / "examples" / "distillation" / f"{name}.toml"
     cfg = load_config({"sft": SFTConfig, "rl": RunConfig, "eval": EvalRunConfig}[kind], ["@", str(path)], env={})
     if kind == "rl":
-        assert cfg.algorithm.teacher == "runs/distill-teacher/model" and cfg.algorithm.teacher_mode == "distill"
+        assert cfg.algorithm.teacher.source == "runs/distill-teacher/model" and cfg.algorithm.teacher.mode == "distill"
 
 
 def test_a_server_teacher_that_is_down_is_named_with_the_way_out():
@@ -167,5 +167,7 @@ def test_a_server_teacher_that_is_down_is_named_with_the_way_out():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with pytest.raises(RuntimeError, match=r"algorithm.teacher http://127.0.0.1:\d+ did not answer.*thermik inference"):
+    with pytest.raises(
+        RuntimeError, match=r"algorithm.teacher.source http://127.0.0.1:\d+ did not answer.*thermik inference"
+    ):
         asyncio.run(ServerTeacher(f"http://127.0.0.1:{port}", "t", "", 5.0, 2).logprobs(_batch()))

@@ -123,7 +123,7 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 )
 def test_two_workers_match_single_process(dist_run: DistributedRun, reduction: str, mini_batches: int) -> None:
     cfg = dist_run.cfg
-    alg = AlgorithmConfig(reduction=reduction)
+    alg = AlgorithmConfig(reduction={"type": reduction})
     trainer = cfg.trainer.model_copy(update={"mini_batches": mini_batches})
     before = dist_run.trainer.state_dict()
     checkpoint = dist_run.trainer.save_checkpoint(1, {})

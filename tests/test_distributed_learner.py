@@ -2,7 +2,7 @@
 Ray cluster (2 trainer workers, 1 colocated engine actor, CPU).
 
 - The critic (gae) and LoRA reproduce local mode's first-step gradients.
-- gae, LoRA and asynchronous training (max_off_policy_steps 1) run 3 steps of `thermik rl` together; KL as a reward
+- gae, LoRA and asynchronous training (max_async_steps 1) run 3 steps of `thermik rl` together; KL as a reward
   penalty with the adaptive KL controller runs 3 more.
 - An engine weight corrupted after a sync stops the run at the weight checksum guard.
 """
@@ -46,7 +46,7 @@ def _steps(cfg: RunConfig) -> list[dict[str, float]]:
 
 @pytest.mark.parametrize(
     "sections",
-    [{"algorithm": {"advantage": "gae"}}, {"lora": {"enabled": True, "rank": 4}}],
+    [{"algorithm": {"advantage": {"type": "gae"}}}, {"lora": {"enabled": True, "rank": 4}}],
     ids=["gae", "lora"],
 )
 def test_first_step_gradients_match_local_mode(
@@ -92,15 +92,15 @@ RAY_OPTIONS = {
     # a critic, LoRA adapters and asynchronous training with bounded staleness, together
     "gae_lora_async": (
         {
-            "algorithm": {"advantage": "gae"},
+            "algorithm": {"advantage": {"type": "gae"}},
             "lora": {"enabled": True, "rank": 4},
-            "trainer": {**STEPS, "max_off_policy_steps": 1},
+            "trainer": {**STEPS, "max_async_steps": 1},
         },
         _check_gae_lora_async,
     ),
     # the reference model on every worker, KL subtracted from the rewards, its weight adapted step by step
     "kl_reward_adaptive": (
-        {"algorithm": {"kl_coef": 0.05, "kl_mode": "reward", "kl_controller": "adaptive", "kl_target": 1e-4}},
+        {"algorithm": {"kl": {"coef": 0.05, "mode": "reward", "controller": "adaptive", "target": 1e-4}}},
         _check_kl_reward_adaptive,
     ),
 }
@@ -166,7 +166,7 @@ def test_only_lora_with_fsdp2_is_refused_on_ray(tiny_model_dir: Path, tmp_path: 
         "reverse_text",
         algorithm=algorithm,
         lora={"enabled": True},
-        trainer={**STEPS, "max_off_policy_steps": 1},
+        trainer={**STEPS, "max_async_steps": 1},
     )
     assert cfg.distributed.enabled and cfg.lora.enabled
     with pytest.raises(ValueError, match=r"distributed\.strategy='ddp' with LoRA"):

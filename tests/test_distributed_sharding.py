@@ -77,7 +77,7 @@ def test_simulated_all_reduce_equals_single_process(tiny_model_dir: Path, minis:
         return {n: p.grad.clone() for n, p in m.named_parameters()}
 
     want = grads_after(copy.deepcopy(model), batch, None)
-    shards = shard_batch(batch, 2, minis, alg.reduction)
+    shards = shard_batch(batch, 2, minis, alg.reduction.type)
     per_rank = [grads_after(copy.deepcopy(model), s.batch, s.grad_scales) for s in shards]
     got = {n: (per_rank[0][n] + per_rank[1][n]) / 2 for n in want}
     assert max(float((got[n] - want[n]).abs().max()) for n in want) < 1e-6

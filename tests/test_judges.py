@@ -272,7 +272,7 @@ def test_asynchronous_training_judges_its_groups_and_logs_every_request(tiny_mod
     with running(_judge_app("Score: 6", state)) as url:
         cfg = short_rl_config(
             tmp_path, tiny_model_dir, "async-judged", "reverse_text",
-            trainer={"steps": 2, "prompts_per_step": 2, "group_size": 2, "max_off_policy_steps": 1},
+            trainer={"steps": 2, "prompts_per_step": 2, "group_size": 2, "max_async_steps": 1},
             eval={"before": False, "size": 2},
         )  # fmt: skip
         judge = JudgeConfig(base_url=url, model="judge", template=SHORT_RUBRIC)
@@ -284,7 +284,7 @@ def test_asynchronous_training_judges_its_groups_and_logs_every_request(tiny_mod
     assert judged and all(r["judge/score_mean"] == pytest.approx(0.6) and r["judge/failures"] == 0 for r in judged)
     trained = sum(r["judge/requests"] for r in judged)
     assert trained == 2 * 2 * 2, "every trained episode's request is logged, once"
-    # the producer may have judged one more step's groups (max_off_policy_steps 1) before the run ended
+    # the producer may have judged one more step's groups (max_async_steps 1) before the run ended
     assert state["requests"] in (trained, trained + 2 * 2)
 
 

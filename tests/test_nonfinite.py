@@ -1,5 +1,6 @@
 """NaN/inf in a reward, a rollout logprob or a gradient is caught through the real learner and update on
-the tiny model: the step is skipped (nothing moves) or the run halts (`algorithm.on_nonfinite`), naming the culprit."""
+the tiny model: the step is skipped (nothing moves) or the run halts (`algorithm.health.on_nonfinite`), naming the
+culprit."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from thermik.training.learner import build_learner, train_on_batch
 
 
 def _learner(tmp_path, model_dir, on_nonfinite: str, max_steps: int = 3):
-    algorithm = {"on_nonfinite": on_nonfinite, "max_nonfinite_steps": max_steps, "entropy_coef": 0.01}
+    algorithm = {"health": {"on_nonfinite": on_nonfinite, "max_nonfinite_steps": max_steps}, "entropy_coef": 0.01}
     cfg = short_rl_config(tmp_path, model_dir, "nan", "reverse_text", algorithm=algorithm)
     return build_learner(cfg, load_model(str(model_dir)), load_tokenizer(str(model_dir)))
 

@@ -100,7 +100,7 @@ def test_orchestrator_admits_steps_by_published_weights(tmp_path: Path, tiny_mod
     with running(app, on_exit=engine.close) as url:
         cfg = short_rl_config(
             tmp_path, tiny_model_dir, "admit", "reverse_text",
-            inference={"base_url": url}, trainer={"max_off_policy_steps": 1},
+            inference={"base_url": url}, trainer={"max_async_steps": 1},
             split={"wait_timeout_s": 10, "poll_interval_s": 0.02},
         )  # fmt: skip
         state = load_file(str(tiny_model_dir / "model.safetensors"))
@@ -172,7 +172,7 @@ def _records(path: Path) -> list[dict]:
 def test_inference_trainer_orchestrator_run_from_one_config(tmp_path: Path, tiny_model_dir: Path) -> None:
     cfg = short_rl_config(
         tmp_path, tiny_model_dir, "split", "reverse_text", train_rows=32, eval_rows=4,
-        trainer={"steps": 3, "prompts_per_step": 2, "group_size": 4, "max_off_policy_steps": 1},
+        trainer={"steps": 3, "prompts_per_step": 2, "group_size": 4, "max_async_steps": 1},
         algorithm={"entropy_coef": 0.01},  # a gradient even when every reward of a group is equal
         eval={"before": False, "every": 2}, split={"wait_timeout_s": 120, "poll_interval_s": 0.05},
         monitor={"progress": False, "save_trajectories_every": 0},

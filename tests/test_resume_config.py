@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from conftest import run_thermik
 from pydantic import BaseModel
 
 from thermik.cli import main
-from thermik.config.loader import dump_toml, load_config
+from thermik.config.loader import dump_table, dump_toml, load_config
 from thermik.config.schema import RunConfig, SFTConfig
 from thermik.errors import ThermikError
 from thermik.monitor.metrics import read_metrics
@@ -70,7 +71,7 @@ def test_a_meaning_changing_difference_is_refused_listing_every_key_with_old_and
     [
         (("--lora.enabled", "true"), "lora.enabled"),
         (("--env.name", "reverse_text"), "env.name"),
-        (("--algorithm.loss", "gspo"), "algorithm.loss"),
+        (("--algorithm.loss.type", "gspo"), "algorithm.loss.type"),
         (("--model.train_precision", "bf16-mixed"), "model.train_precision"),
         (("--model.chat_template", "x.jinja"), "model.chat_template"),
         (("--seed", "7"), "seed"),
@@ -83,6 +84,23 @@ def test_keys_outside_the_safe_list_are_refused(tmp_path: Path, flags: tuple[str
     _with_checkpoint(_cfg(tmp_path))
     with pytest.raises(ThermikError, match=rf"(: |, ){re.escape(key)} "):
         check_resume(_cfg(tmp_path, *flags))
+
+
+def test_a_saved_config_of_the_earlier_layout_is_read_in_the_new_one(tmp_path: Path) -> None:
+    """A run whose config.toml has the old flat keys resumes under the same config in the new layout."""
+    cfg = _cfg(
+        tmp_path, "--algorithm.kl.coef", "0.05", "--algorithm.loss.type", "gspo", "--trainer.max_async_steps", "1"
+    )
+    saved = _with_checkpoint(cfg)
+    tree = tomllib.loads(saved.read_text())
+    alg = tree["algorithm"]
+    alg["kl_coef"] = alg.pop("kl")["coef"]
+    alg["loss"], alg["gspo_clip_low"] = "gspo", alg.pop("loss")["clip_low"]
+    tree["trainer"]["max_off_policy_steps"] = tree["trainer"].pop("max_async_steps")
+    saved.write_text(dump_table(tree))
+    assert check_resume(cfg) == []
+    with pytest.raises(ThermikError, match=r"algorithm.kl.coef 0.05 -> 0.0, trainer.max_async_steps 1 -> 0;"):
+        check_resume(_cfg(tmp_path, "--algorithm.loss.type", "gspo"))
 
 
 def test_safe_differences_are_allowed_and_returned(tmp_path: Path) -> None:
@@ -107,7 +125,7 @@ def test_the_safe_list_names_real_keys_and_not_what_the_checkpoints_mean() -> No
     leaves = {*_leaves(RunConfig), *_leaves(SFTConfig)}
     for safe in SAFE_KEYS:
         assert any(k == safe or k.startswith(safe) for k in leaves), f"SAFE_KEYS names no config key: {safe}"
-    for key in ("model.path", "lora.enabled", "trainer.group_size", "env.name", "algorithm.advantage", "seed"):
+    for key in ("model.path", "lora.enabled", "trainer.group_size", "env.name", "algorithm.advantage.type", "seed"):
         assert not is_safe(key)
 
 

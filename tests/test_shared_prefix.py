@@ -137,7 +137,7 @@ def test_policy_update_same_with_and_without_shared_prompts(model: torch.nn.Modu
     gen = torch.Generator().manual_seed(5)
     adv = torch.randn(len(ids), 1, generator=gen).expand_as(response) * response
     rollout_logp = -torch.rand(response.shape, generator=gen) * response
-    alg = AlgorithmConfig(kl_coef=0.05, kl_mode="loss", entropy_coef=0.01)
+    alg = AlgorithmConfig(kl={"coef": 0.05, "mode": "loss"}, entropy_coef=0.01)
     ref = copy.deepcopy(model)
 
     def update(shared: bool) -> tuple[torch.Tensor, dict[str, float]]:

@@ -49,7 +49,7 @@ def test_collate_flattens_samples_with_episode_and_group_ids() -> None:
 
 def test_grpo_groups_episodes_and_gives_every_step_the_episode_advantage() -> None:
     batch = collate(batch_of_three(), None, 0)
-    assign_advantages(batch, AlgorithmConfig(advantage="grpo"), max_response_length=64)
+    assign_advantages(batch, AlgorithmConfig(advantage={"type": "grpo"}), max_response_length=64)
     expected, _ = grpo_advantages(torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0, 0, 0]), 1e-6)
     per_row = [batch.adv[r][batch.mask[r].bool()].unique().tolist() for r in range(4)]
     assert per_row == [[pytest.approx(expected[0].item())]] * 2 + [[pytest.approx(expected[1].item())]] * 2
@@ -63,7 +63,9 @@ def test_per_step_rewards_score_each_row_by_its_return_to_go() -> None:
         pytest.approx([1.0, 0.8, 0.0, 0.0, -1.0])
     )
     batch = collate(batch_of_three(), None, 0)
-    assign_advantages(batch, AlgorithmConfig(advantage="grpo", step_rewards="per-step"), max_response_length=64)
+    assign_advantages(
+        batch, AlgorithmConfig(advantage={"type": "grpo", "step_rewards": "per-step"}), max_response_length=64
+    )
     expected, _ = grpo_advantages(torch.tensor([1.0, 0.8, 0.0, 0.0]), torch.tensor([0, 0, 0, 0]), 1e-6)
     assert [batch.adv[r][batch.mask[r].bool()][0].item() for r in range(4)] == pytest.approx(expected.tolist())
 
@@ -81,7 +83,7 @@ def _split_and_whole() -> tuple[TokenBatch, TokenBatch, torch.Tensor, torch.Tens
 
 @pytest.mark.parametrize("reduction", ["token_mean", "sequence_mean", "prompt_mean", "seq_mean_token_sum_norm"])
 def test_reductions_weigh_an_episode_the_same_whether_split_or_not(reduction: str) -> None:
-    setup = LossSetup.from_config(AlgorithmConfig(reduction=reduction), TrainerConfig(), temperature=1.0)
+    setup = LossSetup.from_config(AlgorithmConfig(reduction={"type": reduction}), TrainerConfig(), temperature=1.0)
     split, whole, x_split, x_whole = _split_and_whole()
     value_split = mini_batch_reduction(setup, split)(0, len(split))(x_split, split.mask)
     value_whole = mini_batch_reduction(setup, whole)(0, len(whole))(x_whole, whole.mask)
@@ -94,7 +96,9 @@ def test_reductions_weigh_an_episode_the_same_whether_split_or_not(reduction: st
 
 def test_sequence_mean_by_hand() -> None:
     """Episode means 3.0 (1..5), 6.5 (6, 7), 9.5 (8..11), averaged over 3 episodes."""
-    setup = LossSetup.from_config(AlgorithmConfig(reduction="sequence_mean"), TrainerConfig(), temperature=1.0)
+    setup = LossSetup.from_config(
+        AlgorithmConfig(reduction={"type": "sequence_mean"}), TrainerConfig(), temperature=1.0
+    )
     split, _, x_split, _ = _split_and_whole()
     value = mini_batch_reduction(setup, split)(0, len(split))(x_split, split.mask)
     assert value.item() == pytest.approx((3.0 + 6.5 + 9.5) / 3)
@@ -138,7 +142,7 @@ def test_an_rl_step_trains_episodes_of_several_samples(tmp_path, stopping_model_
             "data": {"train_path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl")},
             "rollout": {"max_generate_length": 12, "max_input_length": 256, "max_sequence_length": 320},
             "trainer": {"steps": 1, "prompts_per_step": 2, "group_size": 4},
-            "algorithm": {"reduction": "sequence_mean"},
+            "algorithm": {"reduction": {"type": "sequence_mean"}},
             "eval": {"size": 2, "before": False},
             "monitor": {"progress": False, "save_trajectories_every": 1},
         }

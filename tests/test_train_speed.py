@@ -76,7 +76,7 @@ def test_the_learner_applies_the_trainer_settings(tmp_path: Path, tiny_model_dir
 
     trainer = {"activation_checkpointing": True}
     cfg = short_rl_config(
-        tmp_path, tiny_model_dir, "speed", "reverse_text", trainer=trainer, algorithm={"kl_coef": 0.1}
+        tmp_path, tiny_model_dir, "speed", "reverse_text", trainer=trainer, algorithm={"kl": {"coef": 0.1}}
     )
     learner = build_learner(cfg, load_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir)))
     assert learner.policy.is_gradient_checkpointing

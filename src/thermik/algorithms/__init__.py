@@ -27,7 +27,7 @@ from thermik.algorithms.kl import (
     kl_reward_penalty,
 )
 from thermik.algorithms.losses import (
-    LossParams,
+    ClipParams,
     dppo_kl_loss,
     dppo_loss,
     dual_clip_loss,
@@ -48,6 +48,7 @@ from thermik.algorithms.reductions import (
 from thermik.algorithms.registry import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
+    POLICY_LOSS_PARAMS,
     POLICY_LOSSES,
     REDUCTIONS,
     get,
@@ -58,11 +59,12 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "POLICY_LOSS_PARAMS",
     "REDUCTIONS",
     "AdaptiveKLController",
     "AdvantageContext",
+    "ClipParams",
     "FixedKLController",
-    "LossParams",
     "OffPolicyParams",
     "aipo_loss",
     "broadcast_to_tokens",

@@ -13,10 +13,32 @@ the tensor passed in, i.e. one micro-batch: the selection (not the normaliser) d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from thermik.algorithms.losses import LossParams, Reduction, check_loss_inputs, log_ratio, ratio_metrics
+from thermik.algorithms.losses import Reduction, check_loss_inputs, log_ratio, ratio_metrics
+
+
+@dataclass(frozen=True)
+class ClipCovParams:
+    """Clip-Cov: PPO's clip, and the gradient cut from the `fraction` of tokens of largest covariance in
+    (cov_low, cov_high)."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    fraction: float = 2e-4
+    cov_low: float = 1.0
+    cov_high: float = 5.0
+
+
+@dataclass(frozen=True)
+class KlCovParams:
+    """KL-Cov: coef * |logp - old_logp| on the `fraction` of tokens of largest covariance."""
+
+    fraction: float = 2e-4
+    coef: float = 1.0
 
 
 def token_covariance(logp: Tensor, adv: Tensor, keep: Tensor) -> Tensor:
@@ -40,10 +62,10 @@ def top_fraction(score: Tensor, eligible: Tensor, fraction: float, n_tokens: int
 
 
 def clip_cov_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: LossParams, reduce: Reduction
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: ClipCovParams, reduce: Reduction
 ) -> tuple[Tensor, dict[str, float]]:
-    """Clip-Cov: the PPO clipped loss, with the gradient removed from the max(1, clip_cov_ratio * n) tokens of
-    largest covariance among those not already clipped and with clip_cov_lb < cov < clip_cov_ub.
+    """Clip-Cov: the PPO clipped loss, with the gradient removed from the max(1, fraction * n) tokens of
+    largest covariance among those not already clipped and with cov_low < cov < cov_high.
     Extra metric: policy/cov_clip_frac.
     """
     keep = check_loss_inputs("clip_cov_loss", logp, old_logp, adv, mask)
@@ -52,22 +74,22 @@ def clip_cov_loss(
     per_token = -torch.minimum(ratio * adv, clipped * adv)
     ppo_cut = ((adv > 0) & (ratio > 1.0 + params.clip_high)) | ((adv < 0) & (ratio < 1.0 - params.clip_low))
     cov = token_covariance(logp, adv, keep)
-    band = keep & ~ppo_cut & (cov > params.clip_cov_lb) & (cov < params.clip_cov_ub)
-    chosen = top_fraction(cov, band, params.clip_cov_ratio, int(keep.sum().item()))
+    band = keep & ~ppo_cut & (cov > params.cov_low) & (cov < params.cov_high)
+    chosen = top_fraction(cov, band, params.fraction, int(keep.sum().item()))
     per_token = torch.where(chosen, per_token.detach(), per_token)
     return reduce(per_token, mask), ratio_metrics(ratio, keep, ppo_cut | chosen, cov_clip_frac=chosen)
 
 
 def kl_cov_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: LossParams, reduce: Reduction
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: KlCovParams, reduce: Reduction
 ) -> tuple[Tensor, dict[str, float]]:
-    """KL-Cov: per token -ratio * A, plus kl_cov_coef * |logp - old_logp| on the max(1, kl_cov_ratio * n)
+    """KL-Cov: per token -ratio * A, plus coef * |logp - old_logp| on the max(1, fraction * n)
     mask tokens of largest covariance. No ratio clip. Extra metric: policy/kl_cov_frac.
     """
     keep = check_loss_inputs("kl_cov_loss", logp, old_logp, adv, mask)
     diff = log_ratio(logp, old_logp, keep)
     ratio = torch.exp(diff)
     cov = token_covariance(logp, adv, keep)
-    chosen = top_fraction(cov, keep, params.kl_cov_ratio, int(keep.sum().item()))
-    per_token = -ratio * adv + torch.where(chosen, params.kl_cov_coef * diff.abs(), torch.zeros_like(diff))
+    chosen = top_fraction(cov, keep, params.fraction, int(keep.sum().item()))
+    per_token = -ratio * adv + torch.where(chosen, params.coef * diff.abs(), torch.zeros_like(diff))
     return reduce(per_token, mask), ratio_metrics(ratio, keep, torch.zeros_like(keep), kl_cov_frac=chosen)

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 LOSS_ARGS = ("logp", "old_logp", "adv", "mask", "params", "reduce")
+
+
+@dataclass(frozen=True)
+class CustomParams:
+    """What a user's loss receives as `params`: the numbers of `algorithm.loss.options`, by name."""
+
+    options: Mapping[str, float] = field(default_factory=dict)
 
 
 def load_custom_loss(path: str) -> Callable[..., Any]:
@@ -18,7 +26,7 @@ def load_custom_loss(path: str) -> Callable[..., Any]:
     """
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"custom loss {path!r}: expected 'package.module:function' (set algorithm.custom_loss)")
+        raise ValueError(f"custom loss {path!r}: expected 'package.module:function' (set algorithm.loss.path)")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

@@ -46,7 +46,7 @@ class DegenerateRatioDetector:
             "the step?)"
         )
         if self.halt:
-            raise DegenerateRatioError(msg + "; stopping because algorithm.halt_on_degenerate is set")
+            raise DegenerateRatioError(msg + "; stopping because algorithm.health.halt_on_degenerate is set")
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         return True
 
@@ -80,11 +80,11 @@ class NonFiniteGuard:
         self.streak += 1
         self.skipped += 1
         if self.halt:
-            raise NonFiniteLossError(f"NaN/inf in {culprit}; stopping because algorithm.on_nonfinite = 'halt'")
+            raise NonFiniteLossError(f"NaN/inf in {culprit}; stopping because algorithm.health.on_nonfinite = 'halt'")
         if self.streak >= self.max_consecutive:
             raise NonFiniteLossError(
                 f"NaN/inf in {self.streak} consecutive {unit} (last: {culprit}); those steps were skipped. Lower the "
-                "learning rate, check the rewards and the model dtype, or raise algorithm.max_nonfinite_steps."
+                "learning rate, check the rewards and the model dtype, or raise algorithm.health.max_nonfinite_steps."
             )
         warnings.warn(f"NaN/inf in {culprit}: step skipped", RuntimeWarning, stacklevel=3)
 

@@ -6,24 +6,41 @@ form -sg(w) * A * logp has gradient -w * A * grad(logp), a weighted REINFORCE st
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from thermik.algorithms.losses import LossParams, Reduction, check_loss_inputs, log_ratio, ratio_metrics
+from thermik.algorithms.losses import NoParams, Reduction, check_loss_inputs, log_ratio, ratio_metrics
+
+
+@dataclass(frozen=True)
+class CispoParams:
+    """CISPO: the importance weight clipped to [1 - clip_low, 1 + clip_high] (clip_low = 1: no lower bound)."""
+
+    clip_low: float = 1.0
+    clip_high: float = 4.0
+
+
+@dataclass(frozen=True)
+class RatioCapParams:
+    """ipo and aipo: the importance ratio capped at ratio_cap."""
+
+    ratio_cap: float = 2.0
 
 
 def cispo_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: LossParams, reduce: Reduction
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: CispoParams, reduce: Reduction
 ) -> tuple[Tensor, dict[str, float]]:
     """CISPO (MiniMax-M1, MiniMax 2025, "Scaling Test-Time Compute Efficiently with Lightning Attention").
 
     Clip the importance-sampling weight, not the update: per token
-    -sg(clip(ratio, 1 - cispo_clip_low, 1 + cispo_clip_high)) * A * logp. Every token keeps a gradient;
+    -sg(clip(ratio, 1 - clip_low, 1 + clip_high)) * A * logp. Every token keeps a gradient;
     the weight is capped. clip_frac counts tokens whose weight hit a bound.
     """
     keep = check_loss_inputs("cispo_loss", logp, old_logp, adv, mask)
     ratio = torch.exp(log_ratio(logp, old_logp, keep))
-    low, high = 1.0 - params.cispo_clip_low, 1.0 + params.cispo_clip_high
+    low, high = 1.0 - params.clip_low, 1.0 + params.clip_high
     weight = ratio.clamp(low, high).detach()
     per_token = -weight * adv * torch.where(keep, logp, torch.zeros_like(logp))
     return reduce(per_token, mask), ratio_metrics(ratio, keep, (ratio < low) | (ratio > high))
@@ -35,7 +52,7 @@ def _check_cap(name: str, cap: float) -> None:
 
 
 def ipo_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: LossParams, reduce: Reduction
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: RatioCapParams, reduce: Reduction
 ) -> tuple[Tensor, dict[str, float]]:
     """Importance-ratio-capped policy objective: per token -min(ratio, ratio_cap) * A.
 
@@ -53,7 +70,7 @@ def ipo_loss(
 
 
 def aipo_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: LossParams, reduce: Reduction
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: RatioCapParams, reduce: Reduction
 ) -> tuple[Tensor, dict[str, float]]:
     """AIPO, asynchronous importance-weighted policy optimisation (LlamaRL, Meta 2025, arXiv 2505.24034).
 
@@ -70,27 +87,25 @@ def aipo_loss(
 
 
 def importance_sampling_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: LossParams, reduce: Reduction
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: NoParams, reduce: Reduction
 ) -> tuple[Tensor, dict[str, float]]:
     """REINFORCE with an importance ratio and no clip (Williams 1992; the Tinker "importance_sampling" loss).
 
     Per token -ratio * A, ratio = exp(logp - old_logp); its gradient is -ratio * A * grad(logp), unbiased
-    for samples drawn from the behaviour policy. `params` is unused.
+    for samples drawn from the behaviour policy.
     """
-    del params
     keep = check_loss_inputs("importance_sampling_loss", logp, old_logp, adv, mask)
     ratio = torch.exp(log_ratio(logp, old_logp, keep))
     return reduce(-ratio * adv, mask), ratio_metrics(ratio, keep, torch.zeros_like(keep))
 
 
 def cross_entropy_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: LossParams, reduce: Reduction
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: NoParams, reduce: Reduction
 ) -> tuple[Tensor, dict[str, float]]:
     """Supervised negative log-likelihood on mask tokens: per token -logp (advantages and ratio are ignored).
 
     For SFT-style updates on chosen samples (e.g. only positive ones) through the RL trainer.
     """
-    del params
     keep = check_loss_inputs("cross_entropy_loss", logp, old_logp, adv, mask)
     ratio = torch.exp(log_ratio(logp, old_logp, keep))
     per_token = -torch.where(keep, logp, torch.zeros_like(logp))
@@ -104,7 +119,7 @@ def dro_loss(
     Reinforcement Learning for Large Language Models Alignment"; the Tinker "dro" loss).
 
     Per token -(A * logp - beta / 2 * (logp - old_logp)^2): a REINFORCE term and a squared log-ratio that keeps
-    the policy near the behaviour policy. Takes `beta` instead of `LossParams` (it is not a policy-loss table
+    the policy near the behaviour policy. Takes `beta` instead of a params dataclass (it is not a policy-loss table
     entry). clip_frac is 0.
     """
     if beta < 0:

@@ -2,7 +2,7 @@
 
 Every policy loss has the signature `(logp, old_logp, adv, mask, params, reduce) -> (loss, metrics)`:
 logp [N, T] (with gradient), old_logp [N, T] (behaviour policy, no gradient), adv [N, T], mask [N, T],
-`params` a `LossParams` (the loss hyper-parameters, all of them, each loss reads its own), `reduce` maps
+`params` the loss's own parameters (a frozen dataclass beside the loss: `ClipParams` for ppo, ...), `reduce` maps
 (per-token loss [N, T], mask) to the scalar (see `thermik.algorithms.reductions`). Metrics always hold
 policy/clip_frac (mask tokens whose gradient the loss cuts or caps), policy/ratio_mean and
 policy/ratio_std (population std) of ratio = exp(logp - old_logp) over mask tokens.
@@ -24,29 +24,47 @@ MAX_LOG_RATIO = 20.0
 
 
 @dataclass(frozen=True)
-class LossParams:
-    """Hyper-parameters of all policy losses; field names equal the `AlgorithmConfig` fields."""
+class NoParams:
+    """The parameters of a loss without knobs (importance_sampling, cross_entropy)."""
+
+
+@dataclass(frozen=True)
+class ClipParams:
+    """PPO: ratio clipped to [1 - clip_low, 1 + clip_high]."""
 
     clip_low: float = 0.2
     clip_high: float = 0.28
+
+
+@dataclass(frozen=True)
+class DualClipParams(ClipParams):
+    """Dual-clip PPO: PPO's clip, and a token with A < 0 costs at most clip_ratio_c * |A|."""
+
     clip_ratio_c: float = 3.0
-    gspo_clip_low: float = 3e-4
-    gspo_clip_high: float = 4e-4
-    cispo_clip_low: float = 1.0
-    cispo_clip_high: float = 4.0
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
-    dppo_delta_low: float = 0.2
-    dppo_delta_high: float = 0.2
-    ratio_cap: float = 2.0
-    clip_cov_ratio: float = 2e-4
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 2e-4
-    kl_cov_coef: float = 1.0
 
 
-DEFAULT_PARAMS = LossParams()
+@dataclass(frozen=True)
+class GspoParams:
+    """GSPO: the sequence ratio clipped to [1 - clip_low, 1 + clip_high] (much tighter than PPO's)."""
+
+    clip_low: float = 3e-4
+    clip_high: float = 4e-4
+
+
+@dataclass(frozen=True)
+class SapoParams:
+    """SAPO: the gate temperatures of tokens with A > 0 and A <= 0."""
+
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+
+
+@dataclass(frozen=True)
+class DppoParams:
+    """DPPO: bounds on a probability (TV) or binary-KL drop (A < 0) and rise (A > 0)."""
+
+    delta_low: float = 0.2
+    delta_high: float = 0.2
 
 
 def check_loss_inputs(name: str, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
@@ -93,7 +111,7 @@ def _check_clip(name: str, low: float, high: float) -> None:
 
 
 def ppo_clip_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: LossParams, reduce: Reduction
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: ClipParams, reduce: Reduction
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate (PPO, Schulman et al. 2017) with asymmetric bounds ("clip-higher", DAPO, Yu et al. 2025).
 
@@ -110,7 +128,7 @@ def ppo_clip_loss(
 
 
 def dual_clip_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: LossParams, reduce: Reduction
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: DualClipParams, reduce: Reduction
 ) -> tuple[Tensor, dict[str, float]]:
     """Dual-clip PPO (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL").
 
@@ -131,40 +149,40 @@ def dual_clip_loss(
 
 
 def gspo_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: LossParams, reduce: Reduction
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: GspoParams, reduce: Reduction
 ) -> tuple[Tensor, dict[str, float]]:
     """GSPO-token (Zheng et al. 2025, "Group Sequence Policy Optimization"), sequence-level ratio.
 
     s_i = exp(mean over mask tokens of (logp - old_logp)) (the geometric mean of the token ratios);
     per token s_it = sg(s_i) * exp(logp - sg(logp)) (value s_i, gradient of logp_t scaled by s_i), then the
-    clipped surrogate with gspo_clip_low/high (much tighter than PPO's: ~3e-4/4e-4). The paper uses
+    clipped surrogate with clip_low/high (much tighter than PPO's: ~3e-4/4e-4). The paper uses
     sequence_mean. policy/ratio_* describe s_i per token.
     """
     keep = check_loss_inputs("gspo_loss", logp, old_logp, adv, mask)
-    _check_clip("gspo_loss", params.gspo_clip_low, params.gspo_clip_high)
+    _check_clip("gspo_loss", params.clip_low, params.clip_high)
     diff = log_ratio(logp, old_logp, keep)
     seq_log = diff.sum(dim=-1, keepdim=True) / keep.sum(dim=-1, keepdim=True).clamp(min=1)
     token_log = torch.where(keep, logp - logp.detach(), torch.zeros_like(logp)) + seq_log.detach()
     ratio = torch.exp(token_log.clamp(max=MAX_LOG_RATIO))
-    per_token = _clipped_surrogate(ratio, adv, params.gspo_clip_low, params.gspo_clip_high)
-    cut = ((adv > 0) & (ratio > 1.0 + params.gspo_clip_high)) | ((adv < 0) & (ratio < 1.0 - params.gspo_clip_low))
+    per_token = _clipped_surrogate(ratio, adv, params.clip_low, params.clip_high)
+    cut = ((adv > 0) & (ratio > 1.0 + params.clip_high)) | ((adv < 0) & (ratio < 1.0 - params.clip_low))
     return reduce(per_token, mask), ratio_metrics(ratio, keep, cut)
 
 
 def sapo_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: LossParams, reduce: Reduction
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: SapoParams, reduce: Reduction
 ) -> tuple[Tensor, dict[str, float]]:
     """SAPO, soft adaptive policy optimisation (Gao et al. 2025, Qwen, arXiv 2511.20347).
 
     A smooth gate replaces the hard clip: per token -f(r) * A with f(r) = (4 / tau) * sigmoid(tau * (r - 1)),
-    tau = sapo_tau_pos where A > 0 else sapo_tau_neg. f(1) = 2 / tau and f'(1) = 1 (on-policy it is the plain
+    tau = tau_pos where A > 0 else tau_neg. f(1) = 2 / tau and f'(1) = 1 (on-policy it is the plain
     policy gradient); the gradient decays smoothly as r leaves 1. No token is cut: clip_frac is 0.
     """
     keep = check_loss_inputs("sapo_loss", logp, old_logp, adv, mask)
-    if params.sapo_tau_pos <= 0 or params.sapo_tau_neg <= 0:
-        raise ValueError(f"sapo_loss: temperatures must be > 0; got {params.sapo_tau_pos}, {params.sapo_tau_neg}")
+    if params.tau_pos <= 0 or params.tau_neg <= 0:
+        raise ValueError(f"sapo_loss: temperatures must be > 0; got {params.tau_pos}, {params.tau_neg}")
     ratio = torch.exp(log_ratio(logp, old_logp, keep))
-    tau = torch.where(adv > 0, params.sapo_tau_pos, params.sapo_tau_neg).to(ratio.dtype)
+    tau = torch.where(adv > 0, params.tau_pos, params.tau_neg).to(ratio.dtype)
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
     return reduce(-gate * adv, mask), ratio_metrics(ratio, keep, torch.zeros_like(keep))
 
@@ -174,29 +192,29 @@ def _dppo_loss(ratio: Tensor, adv: Tensor, mask: Tensor, blocked: Tensor, reduce
 
 
 def dppo_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: LossParams, reduce: Reduction
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: DppoParams, reduce: Reduction
 ) -> tuple[Tensor, dict[str, float]]:
     """DPPO-Binary-TV (Qi et al. 2026, "Rethinking the Trust Region in LLM RL", arXiv 2602.04879).
 
     The trust region is on the probability difference d = p - p_old (p = exp(logp)) of the sampled token,
-    not on the ratio: per token -ratio * A, except 0 (no gradient) where A > 0 and d > dppo_delta_high or
-    A < 0 and -d > dppo_delta_low. A rare token can move a lot in ratio and little in probability.
+    not on the ratio: per token -ratio * A, except 0 (no gradient) where A > 0 and d > delta_high or
+    A < 0 and -d > delta_low. A rare token can move a lot in ratio and little in probability.
     """
     keep = check_loss_inputs("dppo_loss", logp, old_logp, adv, mask)
     ratio = torch.exp(log_ratio(logp, old_logp, keep))
     with torch.no_grad():
         d = torch.where(keep, logp.exp() - old_logp.exp(), torch.zeros_like(logp))
-        blocked = ((adv > 0) & (d > params.dppo_delta_high)) | ((adv < 0) & (-d > params.dppo_delta_low))
+        blocked = ((adv > 0) & (d > params.delta_high)) | ((adv < 0) & (-d > params.delta_low))
     return _dppo_loss(ratio, adv, mask, blocked, reduce), ratio_metrics(ratio, keep, blocked)
 
 
 def dppo_kl_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: LossParams, reduce: Reduction
+    logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, params: DppoParams, reduce: Reduction
 ) -> tuple[Tensor, dict[str, float]]:
     """DPPO-Binary-KL (Qi et al. 2026): as `dppo_loss`, with the binary KL of the sampled token's probability.
 
     KL_b = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p)); blocked where A > 0, p > p_old and
-    KL_b > dppo_delta_high, or A < 0, p < p_old and KL_b > dppo_delta_low.
+    KL_b > delta_high, or A < 0, p < p_old and KL_b > delta_low.
     """
     keep = check_loss_inputs("dppo_kl_loss", logp, old_logp, adv, mask)
     ratio = torch.exp(log_ratio(logp, old_logp, keep))
@@ -206,9 +224,7 @@ def dppo_kl_loss(
         p, q = lp.exp(), lo.exp()
         tiny = 1e-8
         kl = q * (lo - lp) + (1 - q) * (torch.log(1 - q + tiny) - torch.log(1 - p + tiny))
-        blocked = ((adv > 0) & (p > q) & (kl > params.dppo_delta_high)) | (
-            (adv < 0) & (p < q) & (kl > params.dppo_delta_low)
-        )
+        blocked = ((adv > 0) & (p > q) & (kl > params.delta_high)) | ((adv < 0) & (p < q) & (kl > params.delta_low))
     return _dppo_loss(ratio, adv, mask, blocked, reduce), ratio_metrics(ratio, keep, blocked)
 
 

@@ -15,12 +15,33 @@ from thermik.algorithms.advantages import (
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
-from thermik.algorithms.cov_losses import clip_cov_loss, kl_cov_loss
-from thermik.algorithms.custom import load_custom_loss
+from thermik.algorithms.cov_losses import ClipCovParams, KlCovParams, clip_cov_loss, kl_cov_loss
+from thermik.algorithms.custom import CustomParams, load_custom_loss
 from thermik.algorithms.gae import gae_advantages
-from thermik.algorithms.is_losses import aipo_loss, cispo_loss, cross_entropy_loss, importance_sampling_loss, ipo_loss
+from thermik.algorithms.is_losses import (
+    CispoParams,
+    RatioCapParams,
+    aipo_loss,
+    cispo_loss,
+    cross_entropy_loss,
+    importance_sampling_loss,
+    ipo_loss,
+)
 from thermik.algorithms.kl import kl_abs, kl_k1, kl_k2, kl_k3
-from thermik.algorithms.losses import dppo_kl_loss, dppo_loss, dual_clip_loss, gspo_loss, ppo_clip_loss, sapo_loss
+from thermik.algorithms.losses import (
+    ClipParams,
+    DppoParams,
+    DualClipParams,
+    GspoParams,
+    NoParams,
+    SapoParams,
+    dppo_kl_loss,
+    dppo_loss,
+    dual_clip_loss,
+    gspo_loss,
+    ppo_clip_loss,
+    sapo_loss,
+)
 from thermik.algorithms.reductions import prompt_mean, seq_mean_token_sum_norm, sequence_mean, token_mean
 
 ADVANTAGE_ESTIMATORS: Mapping[str, Callable[..., Any]] = MappingProxyType(
@@ -52,6 +73,25 @@ POLICY_LOSSES: Mapping[str, Callable[..., Any]] = MappingProxyType(
         "cross_entropy": cross_entropy_loss,
     }
 )
+POLICY_LOSS_PARAMS: Mapping[str, type] = MappingProxyType(
+    {
+        "ppo": ClipParams,
+        "dual_clip": DualClipParams,
+        "gspo": GspoParams,
+        "cispo": CispoParams,
+        "sapo": SapoParams,
+        "clip_cov": ClipCovParams,
+        "kl_cov": KlCovParams,
+        "dppo": DppoParams,
+        "dppo_kl": DppoParams,
+        "ipo": RatioCapParams,
+        "aipo": RatioCapParams,
+        "importance_sampling": NoParams,
+        "cross_entropy": NoParams,
+        "custom": CustomParams,
+    }
+)
+"""Each policy loss's own parameters type (a frozen dataclass beside the loss); a loss receives only its own."""
 REDUCTIONS: Mapping[str, Callable[..., Any]] = MappingProxyType(
     {
         "token_mean": token_mean,

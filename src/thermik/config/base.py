@@ -34,4 +34,4 @@ def check_engine_precision(precision: str, device: str) -> None:
 class Section(BaseModel):
     """Base for every config section: frozen, unknown keys rejected."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, defer_build=True)

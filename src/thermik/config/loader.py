@@ -22,8 +22,11 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
+from thermik.config.upgrade import pointer
+from thermik.config.variants import variant_models
 from thermik.errors import ThermikError
 
 M = TypeVar("M", bound=BaseModel)
@@ -70,9 +73,35 @@ def _is_string_field(annotation: Any) -> bool:
     return False
 
 
-def _unknown_key(model_cls: type[BaseModel], prefix: str, key: str, source: str) -> ConfigError:
-    names = list(model_cls.model_fields)
+def _sub_fields(annotation: Any) -> dict[str, FieldInfo] | None:
+    """The keys a field's value may hold: a section's fields, every variant's fields for a section with variants
+    (which variant allows which is checked once the whole config is merged), None for a leaf."""
+    models = variant_models(annotation)
+    if models:
+        merged: dict[str, FieldInfo] = {}
+        for model in models.values():
+            merged.update({k: v for k, v in model.model_fields.items() if k not in merged})
+        return merged
+    sub = _section_model(annotation)
+    return None if sub is None else dict(sub.model_fields)
+
+
+def _moved(full: str, source: str) -> ConfigError | None:
+    """The one-line pointer for a key of an older layout (config/upgrade.py), or None."""
+    where = pointer(full)
+    if where is None:
+        return None
+    return ConfigError(
+        f"config key '{full}' (from {source}) has moved: {where}; `thermik config upgrade FILE.toml` rewrites a file"
+    )
+
+
+def _unknown_key(fields: Mapping[str, FieldInfo], prefix: str, key: str, source: str) -> ConfigError:
     full = f"{prefix}{key}"
+    moved = _moved(full, source)
+    if moved is not None:
+        return moved
+    names = list(fields)
     close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
     where = f"section '{prefix[:-1]}'" if prefix else "the top level"
     hint = f" Did you mean {', '.join(repr(prefix + c) for c in close)}?" if close else ""
@@ -84,37 +113,71 @@ def _unknown_key(model_cls: type[BaseModel], prefix: str, key: str, source: str)
 
 def _resolve_path(model_cls: type[BaseModel], path: list[str], source: str) -> Any:
     """Check a dotted path against the model; return the annotation of its leaf field."""
-    current: type[BaseModel] | None = model_cls
+    current: dict[str, FieldInfo] | None = dict(model_cls.model_fields)
     prefix = ""
     annotation: Any = None
     for i, key in enumerate(path):
         if current is None:
-            raise ConfigError(
+            raise _moved(prefix[:-1], source) or ConfigError(
                 f"'{prefix[:-1]}' is a value, not a section: '{'.'.join(path)}' is not a config key (from {source})."
             )
-        field = current.model_fields.get(key)
+        field = current.get(key)
         if field is None:
             raise _unknown_key(current, prefix, key, source)
         annotation = field.annotation
-        current = _section_model(annotation)
+        current = _sub_fields(annotation)
         prefix += key + "."
         if i == len(path) - 1 and current is not None:
-            raise ConfigError(
+            raise _moved(".".join(path), source) or ConfigError(
                 f"'{'.'.join(path)}' is a section, not a value (from {source}); set its keys, "
-                f"e.g. --{'.'.join(path)}.{next(iter(current.model_fields))} VALUE."
+                f"e.g. --{'.'.join(path)}.{next(iter(current))} VALUE."
             )
     return annotation
 
 
-def _check_table(model_cls: type[BaseModel], table: Mapping[str, Any], prefix: str, source: str) -> None:
-    """Check every key of a (TOML) table against the model, recursing into sections."""
+def _check_table(fields: Mapping[str, FieldInfo], table: Mapping[str, Any], prefix: str, source: str) -> None:
+    """Check every key of a (TOML) table against a section's fields, recursing into sections."""
     for key, value in table.items():
-        field = model_cls.model_fields.get(key)
+        field = fields.get(key)
         if field is None:
-            raise _unknown_key(model_cls, prefix, key, source)
-        sub = _section_model(field.annotation)
+            raise _unknown_key(fields, prefix, key, source)
+        sub = _sub_fields(field.annotation)
         if sub is not None and isinstance(value, Mapping):
             _check_table(sub, value, f"{prefix}{key}.", source)
+        elif sub is not None:
+            moved = _moved(f"{prefix}{key}", source)
+            if moved is not None:
+                raise moved
+
+
+def _check_variants(
+    model_cls: type[BaseModel], tree: Mapping[str, Any], prefix: str, sources: Mapping[str, str]
+) -> None:
+    """Each section with variants holds only the keys of the variant its `type` picks (or its default)."""
+    for key, value in tree.items():
+        field = model_cls.model_fields.get(key)
+        if field is None or not isinstance(value, Mapping):
+            continue
+        models = variant_models(field.annotation)
+        section = f"{prefix}{key}"
+        if not models:
+            sub = _section_model(field.annotation)
+            if sub is not None:
+                _check_variants(sub, value, f"{section}.", sources)
+            continue
+        chosen = str(value.get("type", getattr(field.get_default(call_default_factory=True), "type", "")))
+        model = models.get(chosen)
+        if model is None:
+            raise ConfigError(
+                f"{section}.type = {chosen!r} (from {sources.get(section + '.type', 'the default')}) is not one of: "
+                f"{', '.join(models)}."
+            )
+        for name in value:
+            if name not in model.model_fields:
+                raise ConfigError(
+                    f"'{section}.{name}' (from {sources.get(f'{section}.{name}', 'a file')}) is not a key of "
+                    f"{section}.type = {chosen!r}; its keys: {', '.join(model.model_fields)}."
+                )
 
 
 # ---------------------------------------------------------------------------------------
@@ -149,10 +212,11 @@ def _leaf_sources(table: Mapping[str, Any], prefix: str, source: str, out: dict[
             out[f"{prefix}{key}"] = source
 
 
-def _read_toml(path_str: str) -> dict[str, Any]:
+def read_toml(path_str: str, given: str = "after '@'") -> dict[str, Any]:
+    """A TOML file's table; a missing file or a syntax error is a `ConfigError` naming it (and where it was given)."""
     path = Path(path_str)
     if not path.is_file():
-        raise ConfigError(f"config file not found: '{path_str}' (given after '@'). Check the path.")
+        raise ConfigError(f"config file not found: '{path_str}' (given {given}). Check the path.")
     try:
         with path.open("rb") as f:
             return tomllib.load(f)
@@ -239,9 +303,9 @@ def _own_keys(
     """The top-level keys of `table` that `model_cls` has, after checking the others against `shared_with` (a
     config one file serves together with `model_cls`: `thermik inference @ rl.toml` reads the server's part)."""
     own = {k: v for k, v in table.items() if k in model_cls.model_fields or shared_with is None}
-    _check_table(model_cls, own, "", source)
+    _check_table(model_cls.model_fields, own, "", source)
     if shared_with is not None:
-        _check_table(shared_with, {k: v for k, v in table.items() if k not in own}, "", source)
+        _check_table(shared_with.model_fields, {k: v for k, v in table.items() if k not in own}, "", source)
     return own
 
 
@@ -263,7 +327,7 @@ def load_config(
     tree: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for path in files:
-        table = _own_keys(model_cls, shared_with, _read_toml(path), f"file '{path}'")
+        table = _own_keys(model_cls, shared_with, read_toml(path), f"file '{path}'")
         tree = _deep_merge(tree, table)
         _leaf_sources(table, "", f"file '{path}'", sources)
     overrides = _env_overrides(os.environ if env is None else env)
@@ -277,6 +341,7 @@ def load_config(
         annotation = _resolve_path(model_cls, path, source)
         _set_path(tree, path, _parse_value(raw, annotation))
         sources[".".join(path)] = source
+    _check_variants(model_cls, tree, "", sources)
     try:
         return model_cls.model_validate(tree)
     except ValidationError as e:
@@ -309,10 +374,26 @@ def _defaults(model_cls: type[BaseModel]) -> BaseModel | None:
         return None
 
 
-def _help_lines(model_cls: type[BaseModel], default: BaseModel | None, prefix: str, out: dict[str, list[str]]) -> None:
+def _help_lines(
+    model_cls: type[BaseModel],
+    default: BaseModel | None,
+    prefix: str,
+    out: dict[str, list[str]],
+    skip: tuple[str, ...] = (),
+) -> None:
     section = prefix[:-1] or "general"
     for name, field in model_cls.model_fields.items():
+        if name in skip:
+            continue
         value = getattr(default, name) if default is not None else field.get_default(call_default_factory=True)
+        models = variant_models(field.annotation)
+        if models and isinstance(value, BaseModel):  # the type's choices, then the chosen variant's knobs
+            knobs = f"{prefix}{name}."
+            out.setdefault(knobs[:-1], []).append(
+                f"  --{knobs}type  {{{','.join(models)}}}  default={_toml_value(value.type)}  {field.description or ''}"
+            )
+            _help_lines(type(value), value, knobs, out, skip=("type",))
+            continue
         sub = _section_model(field.annotation)
         if sub is not None:
             _help_lines(sub, value if isinstance(value, BaseModel) else None, f"{prefix}{name}.", out)
@@ -381,6 +462,23 @@ def _write_section(model: BaseModel, name: str, out: list[str]) -> None:
             _write_section(sub, f"{name}.{_toml_key(key)}" if name else _toml_key(key), out)
 
 
+def dump_table(table: Mapping[str, Any]) -> str:
+    """A nested table (what a TOML file holds) as TOML: each table's values, then its sub-tables as `[a.b]`."""
+    out: list[str] = []
+
+    def write(node: Mapping[str, Any], name: str) -> None:
+        scalars = [(k, v) for k, v in node.items() if not isinstance(v, Mapping)]
+        if name and scalars:
+            out.append(f"\n[{name}]")
+        out.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in scalars)
+        for key, sub in node.items():
+            if isinstance(sub, Mapping):
+                write(sub, f"{name}.{_toml_key(key)}" if name else _toml_key(key))
+
+    write(table, "")
+    return "\n".join(out).lstrip("\n") + "\n"
+
+
 def dump_toml(cfg: BaseModel) -> str:
     """The resolved config as TOML; `load_config(type(cfg), ['@', file])` reads it back equal.
 
@@ -391,4 +489,13 @@ def dump_toml(cfg: BaseModel) -> str:
     return "\n".join(out).lstrip("\n") + "\n"
 
 
-__all__ = ["ENV_PREFIX", "ConfigError", "dump_toml", "format_help", "load_config", "wants_help"]
+__all__ = [
+    "ENV_PREFIX",
+    "ConfigError",
+    "dump_table",
+    "dump_toml",
+    "format_help",
+    "load_config",
+    "read_toml",
+    "wants_help",
+]

@@ -121,10 +121,10 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _lengths_fit(self) -> RunConfig:
         check_lengths(self.rollout)
-        if self.trainer.max_off_policy_steps and self.algorithm.dynamic_sampling != "none":
+        if self.trainer.max_async_steps and self.algorithm.shaping.dynamic_sampling != "none":
             raise ValueError(
-                "algorithm.dynamic_sampling works with synchronous training only; set it to 'none' or "
-                "trainer.max_off_policy_steps to 0"
+                "algorithm.shaping.dynamic_sampling works with synchronous training only; set it to 'none' or "
+                "trainer.max_async_steps to 0"
             )
         if self.distributed.enabled:
             self._check_ray_loop()

@@ -49,11 +49,11 @@ class TrainerConfig(Section):
         description="torch.compile each decoder layer (dynamic shapes): fuses the element-wise work; pays on a GPU at "
         "RL sizes, the first steps take the compile time (training/speed.py).",
     )
-    max_off_policy_steps: int = Field(
+    max_async_steps: int = Field(
         0,
         ge=0,
-        description="Asynchronous training: a sample of weight version v trains the policy of version s only if "
-        "s - v <= this; 0 is synchronous, 1 one-step-off.",
+        description="Asynchrony: how many optimizer steps rollout may run ahead of training. A sample of weight "
+        "version v trains the policy of version s only if s - v <= this; 0 is synchronous, 1 one-step-off.",
     )
     stale_groups: Literal["drop", "cancel"] = Field(
         "drop",
@@ -63,7 +63,7 @@ class TrainerConfig(Section):
 
 
 class CriticConfig(Section):
-    """The value model of PPO with GAE (algorithm.advantage = 'gae'): a copy of the policy's backbone + a linear
+    """The value model of PPO with GAE (algorithm.advantage.type = 'gae'): a copy of the policy's backbone + a linear
     head, trained with the clipped value loss by its own optimizer (training/critic.py)."""
 
     value_clip: float = Field(

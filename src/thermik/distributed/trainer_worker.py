@@ -58,7 +58,7 @@ class RankShare:
 
     def shard(self, batch: TokenBatch) -> TokenBatch:
         trainer, alg = self.cfg.trainer, self.cfg.algorithm
-        self.shards = shard_batch(batch, self.world_size, trainer.mini_batches, alg.reduction)
+        self.shards = shard_batch(batch, self.world_size, trainer.mini_batches, alg.reduction.type)
         mine = self.shards[self.rank]
         self.policy.set_grad_scales(mine.grad_scales)
         return mine.batch

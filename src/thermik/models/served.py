@@ -1,5 +1,5 @@
 """The model an OpenAI-compatible server serves, from its `/v1/models` list: the name a client sends when its config
-names none (the teacher's `algorithm.teacher_model`, the judge's `rewards.judge.model`)."""
+names none (the teacher's `algorithm.teacher.model`, the judge's `rewards.judge.model`)."""
 
 from __future__ import annotations
 

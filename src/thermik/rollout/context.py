@@ -46,7 +46,7 @@ async def sample_groups(ctx: RolloutContext, step: int) -> tuple[list[Trajectory
     `replace` duplicates kept groups instead."""
     cfg, alg = ctx.cfg, ctx.cfg.algorithm
     want = cfg.trainer.prompts_per_step
-    extra_rounds = alg.dynamic_sampling_max_rounds if alg.dynamic_sampling == "filter" else 0
+    extra_rounds = alg.shaping.dynamic_sampling_max_rounds if alg.shaping.dynamic_sampling == "filter" else 0
     sampled: list[Trajectory] = []
     reward_metrics: list[dict[str, float]] = []
     for r in range(1 + extra_rounds):
@@ -58,12 +58,12 @@ async def sample_groups(ctx: RolloutContext, step: int) -> tuple[list[Trajectory
         for t in new:
             t.group_id += r * want  # group ids stay unique across rounds
         sampled += new
-        if alg.dynamic_sampling == "none" or _groups_with_signal(scored(sampled)) >= want:
+        if alg.shaping.dynamic_sampling == "none" or _groups_with_signal(scored(sampled)) >= want:
             break
-    if alg.dynamic_sampling == "none":
+    if alg.shaping.dynamic_sampling == "none":
         return sampled, scored(sampled), merge_metrics(reward_metrics)
     candidates = scored(sampled)
-    picks = select_groups(*_rewards_and_groups(candidates), want, alg.dynamic_sampling) if candidates else []
+    picks = select_groups(*_rewards_and_groups(candidates), want, alg.shaping.dynamic_sampling) if candidates else []
     batch = [dataclasses.replace(candidates[i], group_id=g) for i, g in picks]
     batch = batch or candidates[-want * cfg.trainer.group_size :]
     extra = {"batch/groups_kept": float(len({g for _, g in picks})), "batch/rollout_rounds": float(r + 1)}

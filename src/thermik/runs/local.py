@@ -1,6 +1,6 @@
 """`thermik rl` on one process: the engine, the environments and the learner share this process.
 
-Synchronous by default; with trainer.max_off_policy_steps > 0 a `GroupProducer` keeps generating groups while
+Synchronous by default; with trainer.max_async_steps > 0 a `GroupProducer` keeps generating groups while
 the trainer trains (bounded staleness), and the update takes the rollout logprobs as the behaviour policy.
 """
 
@@ -73,7 +73,7 @@ class LocalMode(Mode):
         if self.run.start_step:  # the checkpoint's weights, as the version an uninterrupted run's engine holds now
             weights = components.engine_weights(self.learner.policy)
             await self.rollout_ctx.engine.update_weights(weights, version=self.run.start_step)
-        if self.cfg.trainer.max_off_policy_steps > 0:
+        if self.cfg.trainer.max_async_steps > 0:
             self.producer = start_producer(self.rollout_ctx)
 
     async def step(self, step: int) -> dict[str, float]:
@@ -99,7 +99,7 @@ def thread_split(cfg: RunConfig) -> tuple[InferenceConfig, int]:
     """(inference config, update threads). Asynchronous training decodes and updates at the same time in two
     threads of this process; each running OpenMP teams of all cores makes them spin against each other, so unless
     inference.num_threads is set, each gets half of torch's threads (measured: README, async benchmark)."""
-    if cfg.trainer.max_off_policy_steps == 0 or cfg.inference.num_threads:
+    if cfg.trainer.max_async_steps == 0 or cfg.inference.num_threads:
         return cfg.inference, 0
     half = max(1, torch.get_num_threads() // 2)
     return cfg.inference.model_copy(update={"num_threads": half}), max(1, torch.get_num_threads() - half)

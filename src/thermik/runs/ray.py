@@ -4,7 +4,7 @@ Rollouts go to the engine actors (an `EnginePool`: restart and resubmit on failu
 of every run mode (`train_on_batch`: advantages, critic, reference and KL, the policy update, the KL controller),
 run by each data-parallel trainer worker on the whole batch, each training its shard (distributed/trainer_worker.py).
 Weights go from trainer to engines by broadcast or files (`distributed.weight_sync`), then the consistency guards
-check them (assembly/guards.py). With trainer.max_off_policy_steps > 0 a `GroupProducer` keeps the engines
+check them (assembly/guards.py). With trainer.max_async_steps > 0 a `GroupProducer` keeps the engines
 generating while the workers train (bounded staleness), as in local mode. Sampling (with DAPO dynamic sampling),
 held-out evaluation, metrics, plots, checkpoints (written by rank 0) and resume are the single-process run's own.
 """
@@ -63,7 +63,7 @@ class RayMode(Mode):
     async def start(self) -> None:
         if self.run.start_step:  # the engines start from the base weights; the checkpoint's are version start_step
             await self.dist.sync_weights(version=self.run.start_step)
-        if self.cfg.trainer.max_off_policy_steps > 0:
+        if self.cfg.trainer.max_async_steps > 0:
             self.producer = start_producer(self.rollout_ctx)
 
     async def step(self, step: int) -> dict[str, float]:

@@ -95,7 +95,7 @@ def replay(run_dir: Path, from_step: int) -> list[dict[str, Any]]:
     for step in steps:
         directory = run_dir / RECORDS / f"step_{step}"
         torch.set_rng_state(torch.load(directory / RNG_FILE))
-        off_policy = cfg.trainer.max_off_policy_steps > 0
+        off_policy = cfg.trainer.max_async_steps > 0
         asyncio.run(train_on_batch(learner, load_batch(directory), step - 1, rollout_is_behaviour=off_policy))
         want = json.loads((directory / META_FILE).read_text())["checksums"]
         got = weight_checksums(learner.policy)

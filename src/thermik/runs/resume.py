@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from thermik.atomic import write_text_atomic
 from thermik.config.loader import dump_toml
 from thermik.config.schema import RunConfig, SFTConfig
+from thermik.config.upgrade import upgrade_tree
 from thermik.errors import ThermikError
 from thermik.runs.split_protocol import SplitLayout
 from thermik.training.checkpoint import CheckpointManager
@@ -49,7 +50,7 @@ SAFE_KEYS: tuple[str, ...] = (
     "inference.served_model_name", "inference.weights_dir", "inference.timeout_s",
     "env.tool_timeout_s", "env.openenv.ca_file", "rewards.judge.api_key", "rewards.judge.timeout_s",
     "rewards.judge.retries", "rewards.judge.retry_backoff_s", "rewards.judge.concurrency",
-    "algorithm.teacher_api_key", "algorithm.teacher_timeout_s", "algorithm.teacher_concurrency",
+    "algorithm.teacher.api_key", "algorithm.teacher.timeout_s", "algorithm.teacher.concurrency",
     # how the same update is spread over Ray workers (distributed.enabled itself is not in the list)
     "distributed.num_trainers", "distributed.num_engines", "distributed.placement", "distributed.strategy",
     "distributed.backend", "distributed.weight_sync", "distributed.weights_dir", "distributed.cpus_per_actor",
@@ -113,8 +114,9 @@ def resumable_state(cfg: RunConfig | SFTConfig) -> str | None:
 
 def config_changes(saved_text: str, cfg: RunConfig | SFTConfig) -> list[ConfigChange]:
     """Every key whose value differs between a saved config.toml and `cfg` (a key absent on one side counts with
-    its default: the saved file is read through the config model when it still validates)."""
-    raw = tomllib.loads(saved_text)
+    its default: the saved file is read through the config model when it still validates; a file of an earlier
+    layout is upgraded first, config/upgrade.py)."""
+    raw, _ = upgrade_tree(tomllib.loads(saved_text))
     try:
         old = _flat(tomllib.loads(dump_toml(type(cfg).model_validate(raw))))
     except ValidationError:  # a file of another thermik version: compare what it says

@@ -57,13 +57,13 @@ class OrchestratorMode(Mode):
     async def rollout(self, step: int) -> Rollout:
         """Admission (weights of step >= s - max_off_policy_steps, loaded into the server), then sampling."""
         cfg = self.cfg
-        t_wait = await load_new_weights(self, step, cfg.trainer.max_off_policy_steps)
+        t_wait = await load_new_weights(self, step, cfg.trainer.max_async_steps)
         t0 = time.perf_counter()
         sampled, trajs, metrics = await sample_groups(self.rollout_ctx, step)
         t_generate = time.perf_counter() - t0
         stale = staleness(self, step, sampled)  # all of them: the batch may be empty (groups left unscored)
-        if max(stale, default=0) > cfg.trainer.max_off_policy_steps:  # impossible by the admission rule; say so if not
-            raise RuntimeError(f"step {step}: staleness {max(stale)} > trainer.max_off_policy_steps")
+        if max(stale, default=0) > cfg.trainer.max_async_steps:  # impossible by the admission rule; say so if not
+            raise RuntimeError(f"step {step}: staleness {max(stale)} > trainer.max_async_steps")
         metrics = {
             **metrics,
             **(staleness_metrics(stale) if stale else {}),

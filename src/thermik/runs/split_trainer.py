@@ -50,7 +50,7 @@ class SplitTrainerMode(Mode):
         )
 
     async def update(self, rollout: Rollout, step: int) -> dict[str, float]:
-        return await learner_update(self.learner, rollout, step, off_policy=self.cfg.trainer.max_off_policy_steps > 0)
+        return await learner_update(self.learner, rollout, step, off_policy=self.cfg.trainer.max_async_steps > 0)
 
     async def sync_weights(self, step: int) -> dict[str, float]:
         """Publish weights/step_<s+1> for the orchestrator to load into the server."""
@@ -88,7 +88,7 @@ def publish_weights(learner: Learner, layout: SplitLayout, step: int) -> Path:
     state = components.engine_weights(learner.policy)
     path = publish_dir(layout.weights_dir(step), lambda tmp: write_safetensors(state, tmp / WEIGHTS_FILE))
     # The orchestrator loads every published step in order and is at most max_off_policy_steps + 1 behind.
-    prune_steps(layout.weights, step - learner.cfg.trainer.max_off_policy_steps - 1)
+    prune_steps(layout.weights, step - learner.cfg.trainer.max_async_steps - 1)
     return path
 
 

@@ -111,7 +111,7 @@ async def produced_rollout(ctx: RolloutContext, producer: GroupProducer, step: i
 
 def start_producer(ctx: RolloutContext) -> GroupProducer:
     """A GroupProducer that keeps generating groups on ctx.engine while the trainer trains (bounded staleness:
-    trainer.max_off_policy_steps), in every mode whose engine is an InferenceEngine here (local, Ray)."""
+    trainer.max_async_steps), in every mode whose engine is an InferenceEngine here (local, Ray)."""
     cfg = ctx.cfg
 
     async def rollout_group(row: dict[str, Any], index: int) -> list[Trajectory]:
@@ -125,7 +125,7 @@ def start_producer(ctx: RolloutContext) -> GroupProducer:
         rollout_group,
         ctx.sampler,
         cfg.trainer.prompts_per_step,
-        cfg.trainer.max_off_policy_steps,
+        cfg.trainer.max_async_steps,
         lambda: ctx.engine.weight_version,
         stale=cfg.trainer.stale_groups,
     )

@@ -11,7 +11,7 @@ Tinker defines every built-in loss as a sum over all tokens of all datums (no me
 | dro | same + beta (required) | -(A logp - beta/2 (logp - old)^2) | `dro_loss` |
 
 Any other name of `thermik.algorithms.registry.POLICY_LOSSES` works too, with the same inputs as
-importance_sampling and `LossParams` fields taken from `loss_fn_config`.
+importance_sampling and the loss's own parameter names taken from `loss_fn_config`.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from thermik.algorithms.is_losses import dro_loss
-from thermik.algorithms.losses import LossParams
-from thermik.algorithms.registry import POLICY_LOSSES
+from thermik.algorithms.losses import NoParams
+from thermik.algorithms.registry import POLICY_LOSS_PARAMS, POLICY_LOSSES
 
 RL_INPUTS = ("target_tokens", "logprobs", "advantages")
 TINKER_LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
@@ -52,9 +53,11 @@ def required_inputs(name: str) -> tuple[str, ...]:
     return ("target_tokens",) if name == "cross_entropy" else RL_INPUTS
 
 
-def _params(name: str, config: Mapping[str, float | str]) -> LossParams:
-    """LossParams for `name` from a Tinker loss_fn_config (ratio thresholds) or LossParams field names."""
-    fields = {f.name for f in dataclasses.fields(LossParams)}
+def _params(name: str, config: Mapping[str, float | str]) -> Any:
+    """The parameters of loss `name` from a Tinker loss_fn_config: ratio thresholds, or the loss's own parameter
+    names (`POLICY_LOSS_PARAMS`)."""
+    params_type = POLICY_LOSS_PARAMS[name]
+    fields = {f.name for f in dataclasses.fields(params_type)}
     unknown = sorted(set(config) - fields - {"clip_low_threshold", "clip_high_threshold", "beta"})
     if unknown:
         raise LossError(f"loss_fn_config keys {unknown} are not understood by {name!r}")
@@ -62,11 +65,9 @@ def _params(name: str, config: Mapping[str, float | str]) -> LossParams:
     low, high = float(config.get("clip_low_threshold", 0.8)), float(config.get("clip_high_threshold", 1.2))
     if not 0 < low <= 1 <= high:
         raise LossError(f"need 0 < clip_low_threshold <= 1 <= clip_high_threshold; got {low}, {high}")
-    if name == "ppo":
+    if name in ("ppo", "cispo"):
         values.update(clip_low=1.0 - low, clip_high=high - 1.0)
-    if name == "cispo":
-        values.update(cispo_clip_low=1.0 - low, cispo_clip_high=high - 1.0)
-    return LossParams(**values)
+    return params_type(**values)
 
 
 def _summing(store: list[Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
@@ -91,7 +92,7 @@ def compute_loss(
     if name == "cross_entropy":
         weights = inputs["weights"] * mask if "weights" in inputs else mask
         zeros = torch.zeros_like(logp)
-        loss, metrics = POLICY_LOSSES["cross_entropy"](logp, zeros, zeros, weights, LossParams(), reduce)
+        loss, metrics = POLICY_LOSSES["cross_entropy"](logp, zeros, zeros, weights, NoParams(), reduce)
     elif name == "dro":
         if "beta" not in config:
             raise LossError("loss 'dro' needs loss_fn_config['beta']")

@@ -18,14 +18,14 @@ class AlgorithmState:
     @classmethod
     def from_config(cls, alg: AlgorithmConfig) -> AlgorithmState:
         kl: FixedKLController | AdaptiveKLController = (
-            AdaptiveKLController(alg.kl_coef, alg.kl_target, alg.kl_horizon)
-            if alg.kl_controller == "adaptive"
-            else FixedKLController(alg.kl_coef)
+            AdaptiveKLController(alg.kl.coef, alg.kl.target, alg.kl.horizon)
+            if alg.kl.controller == "adaptive"
+            else FixedKLController(alg.kl.coef)
         )
         return cls(
             kl=kl,
-            guard=NonFiniteGuard(alg.max_nonfinite_steps, halt=alg.on_nonfinite == "halt"),
-            degenerate=DegenerateRatioDetector(alg.degenerate_patience, halt=alg.halt_on_degenerate),
+            guard=NonFiniteGuard(alg.health.max_nonfinite_steps, halt=alg.health.on_nonfinite == "halt"),
+            degenerate=DegenerateRatioDetector(alg.health.degenerate_patience, halt=alg.health.halt_on_degenerate),
         )
 
     def after_update(self, metrics: dict[str, float], num_samples: int) -> dict[str, float]:

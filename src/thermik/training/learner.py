@@ -77,7 +77,7 @@ class Learner:
     start_step: int = 0
     update_threads: int = 0  # torch threads of the update thread; 0 inherits
     autocast: torch.dtype | None = None  # model.train_precision resolved once (training/precision.py)
-    teacher: Teacher | None = None  # algorithm.teacher: on-policy distillation (training/teacher.py)
+    teacher: Teacher | None = None  # algorithm.teacher.source: on-policy distillation (training/teacher.py)
     split: UpdateSplit = field(default_factory=WholeBatch)  # a data-parallel rank's shard (distributed/)
     module: torch.nn.Module | None = None  # the plain model behind a data-parallel `policy` wrapper; None: policy
 
@@ -116,7 +116,7 @@ def build_learner(
 
 def _build_critic(cfg: RunConfig) -> Critic | None:
     """A value model when the advantage estimator needs one (gae)."""
-    if cfg.algorithm.advantage != "gae":
+    if cfg.algorithm.advantage.type != "gae":
         return None
     return Critic.from_config(cfg.model, cfg.critic, cfg.trainer.micro_batch_size)
 
@@ -182,7 +182,7 @@ async def train_on_batch(
     cfg, alg = learner.cfg, learner.cfg.algorithm
     temperature = cfg.rollout.sampling.temperature or 1.0
     # Rewards -> shaped rewards (length terms, KL in reward mode) -> critic values (gae) -> advantages.
-    reward_kl = learner.ref is not None and alg.kl_mode == "reward"
+    reward_kl = learner.ref is not None and alg.kl.mode == "reward"
     fwd = (cfg.trainer.micro_batch_size, temperature, cfg.trainer.shared_prefix, learner.autocast, cfg.trainer.packing)
     ref_logp = logprobs_no_grad(learner.ref, batch, *fwd) if reward_kl else None
     values = None if learner.critic is None else learner.critic.values(batch)
@@ -211,7 +211,7 @@ async def train_on_batch(
 
 def _nonfinite_inputs(learner: Learner, batch: TokenBatch) -> dict[str, float] | None:
     """NaN/inf in the batch's rewards or rollout logprobs (on trained tokens): the step's update is skipped, or the
-    run halts (`algorithm.on_nonfinite`), naming the culprit; None when all are finite."""
+    run halts (`algorithm.health.on_nonfinite`), naming the culprit; None when all are finite."""
     checks = [
         ("health/nonfinite_rewards", "reward", batch.token_rewards, None),
         ("health/nonfinite_rollout_logprobs", "rollout logprob", batch.rollout_logp, batch.mask),

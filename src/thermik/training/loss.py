@@ -8,28 +8,32 @@ depend on how the mini-batch is cut into micro-batches (`mini_batch_reduction`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import torch
 
 from thermik.algorithms import registry
 from thermik.algorithms.episodes import episode_row_weights, has_multi_row_episodes
-from thermik.algorithms.losses import LossParams, Reduction
+from thermik.algorithms.losses import Reduction
 from thermik.algorithms.off_policy import OffPolicyParams, off_policy_weights
 from thermik.algorithms.reductions import prompt_weights, weighted_sequence_mean
+from thermik.config.algorithm import CorrectionConfig, LossConfig
 from thermik.config.schema import AlgorithmConfig, TrainerConfig
 from thermik.training.batch import TokenBatch
 
 
-def loss_params(alg: AlgorithmConfig) -> LossParams:
-    return LossParams(**{f.name: getattr(alg, f.name) for f in fields(LossParams)})
+def loss_params(loss: LossConfig) -> Any:
+    """The chosen loss's own parameters (its dataclass beside it in thermik.algorithms) from `algorithm.loss`."""
+    knobs = loss.model_dump(exclude={"type", "path"})
+    return registry.POLICY_LOSS_PARAMS[loss.type](**knobs)
 
 
-def off_policy_params(alg: AlgorithmConfig) -> OffPolicyParams:
-    return OffPolicyParams(
-        alg.off_policy, alg.off_policy_level, alg.off_policy_form, alg.tis_cap, alg.mis_low, alg.mis_high
-    )
+def correction_params(correction: CorrectionConfig) -> OffPolicyParams:
+    """`algorithm.correction` as the off-policy weighting's parameters."""
+    knobs = correction.model_dump()
+    return OffPolicyParams(mode=knobs.pop("type"), **knobs)
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,7 @@ class LossSetup:
     """Everything the policy update reads from config, resolved once (functions looked up by name)."""
 
     policy_loss: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-    params: LossParams
+    params: Any  # the loss's own parameters type (registry.POLICY_LOSS_PARAMS)
     correction: OffPolicyParams
     kl: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # per-token KL estimator
     kl_coef: float  # the current KL weight (a controller's value)
@@ -64,25 +68,25 @@ class LossSetup:
         kl_coef: float | None = None,
         autocast: torch.dtype | None = None,
     ) -> LossSetup:
-        """kl_coef: the current KL weight; None uses alg.kl_coef. autocast: `precision.autocast_dtype(model cfg)`."""
+        """kl_coef: the current KL weight; None uses alg.kl.coef. autocast: `precision.autocast_dtype(model cfg)`."""
         return cls(
-            policy_loss=registry.policy_loss(alg.loss, alg.custom_loss),
-            params=loss_params(alg),
-            correction=off_policy_params(alg),
-            kl=registry.get("kl", alg.kl_estimator),
-            kl_coef=alg.kl_coef if kl_coef is None else kl_coef,
-            kl_in_loss=alg.kl_mode == "loss",
+            policy_loss=registry.policy_loss(alg.loss.type, getattr(alg.loss, "path", "")),
+            params=loss_params(alg.loss),
+            correction=correction_params(alg.correction),
+            kl=registry.get("kl", alg.kl.estimator),
+            kl_coef=alg.kl.coef if kl_coef is None else kl_coef,
+            kl_in_loss=alg.kl.mode == "loss",
             entropy_coef=alg.entropy_coef,
-            reduction=alg.reduction,
-            seq_norm_constant=alg.seq_norm_constant,
+            reduction=alg.reduction.type,
+            seq_norm_constant=alg.reduction.constant,
             temperature=temperature,
             micro_batch_size=trainer.micro_batch_size,
             mini_batches=trainer.mini_batches,
             max_grad_norm=trainer.optimizer.max_grad_norm,
             shared_prefix=trainer.shared_prefix,
             packing=trainer.packing,
-            max_nonfinite_steps=alg.max_nonfinite_steps,
-            reduce_fn=registry.get("reduction", alg.reduction),
+            max_nonfinite_steps=alg.health.max_nonfinite_steps,
+            reduce_fn=registry.get("reduction", alg.reduction.type),
             autocast=autocast,
         )
 

@@ -16,7 +16,7 @@ from thermik.config.schema import AlgorithmConfig
 
 def build_reference(policy: torch.nn.Module, alg: AlgorithmConfig) -> torch.nn.Module | None:
     """A frozen copy of `policy` when the KL term is on (kl_coef > 0), else None."""
-    if alg.kl_coef <= 0:
+    if alg.kl.coef <= 0:
         return None
     return copy.deepcopy(policy).eval().requires_grad_(False)
 
@@ -36,7 +36,7 @@ def refresh_reference(ref: torch.nn.Module, policy: torch.nn.Module, alpha: floa
 
 def maybe_refresh(ref: torch.nn.Module | None, policy: torch.nn.Module, alg: AlgorithmConfig, step: int) -> bool:
     """Refresh after RL step `step` (1-based) when the config asks for it; True if it did."""
-    if ref is None or alg.ref_update == "frozen" or not alg.ref_update_every or step % alg.ref_update_every:
+    if ref is None or alg.reference.update == "frozen" or not alg.reference.every or step % alg.reference.every:
         return False
-    refresh_reference(ref, policy, 1.0 if alg.ref_update == "copy" else alg.ref_ema_alpha)
+    refresh_reference(ref, policy, 1.0 if alg.reference.update == "copy" else alg.reference.ema_alpha)
     return True

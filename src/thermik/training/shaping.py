@@ -36,12 +36,15 @@ def shaped_token_rewards(
     token_rewards = batch.token_rewards.clone()
     lengths = batch.mask.sum(dim=-1)
     extra = torch.zeros(len(batch))
-    if alg.overlong_buffer:
+    if alg.shaping.overlong_buffer:
         extra += overlong_penalty(
-            lengths, alg.overlong_max_length or max_response_length, alg.overlong_buffer, alg.overlong_penalty_factor
+            lengths,
+            alg.shaping.overlong_max_length or max_response_length,
+            alg.shaping.overlong_buffer,
+            alg.shaping.overlong_penalty_factor,
         )
-    if alg.length_penalty_coef:
-        extra += length_penalty(token_rewards.sum(dim=-1), batch.group_ids, lengths, alg.length_penalty_coef)
+    if alg.shaping.length_penalty_coef:
+        extra += length_penalty(token_rewards.sum(dim=-1), batch.group_ids, lengths, alg.shaping.length_penalty_coef)
     rows, cols = _last_mask_token(batch.mask)
     token_rewards[rows, cols] += extra[rows]
     return token_rewards, {"reward/shaping_mean": float(extra.mean())} if len(batch) else {}
@@ -54,9 +57,10 @@ TOKEN_LEVEL_ESTIMATORS = frozenset({"reinforce_pp", "reinforce_pp_baseline", "ga
 def step_rewards(
     batch: TokenBatch, token_rewards: torch.Tensor, rule: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(row returns [B], token rewards [B, L-1], the episode's first rows [E] or None) under `algorithm.step_rewards`
-    when an episode trains as several rows: 'episode' scores every row with its episode's return (placed on the
-    row's last sampled token), 'per-step' with the env rewards from the row's first turn to the episode's end.
+    """(row returns [B], token rewards [B, L-1], the episode's first rows [E] or None) under
+    `algorithm.advantage.step_rewards` when an episode trains as several rows: 'episode' scores every row with its
+    episode's return (placed on the row's last sampled token), 'per-step' with the env rewards from the row's first
+    turn to the episode's end.
     Outcome estimators then run on each episode's first row only, so groups are counted in episodes."""
     row_returns = token_rewards.sum(dim=-1)
     if not has_multi_row_episodes(batch.episode_ids):
@@ -80,15 +84,15 @@ def _estimate(
     """The estimator on every row, or (an outcome estimator, episodes of several rows) on each episode's first
     row with the episode's sampled length, its advantage then given to every row of the episode."""
     assert batch.group_ids is not None
-    estimator = registry.get("advantage", alg.advantage)
-    if first is None or alg.advantage in TOKEN_LEVEL_ESTIMATORS:
-        return estimator(scores, batch.group_ids, alg.std_eps, ctx=ctx)
+    estimator = registry.get("advantage", alg.advantage.type)
+    if first is None or alg.advantage.type in TOKEN_LEVEL_ESTIMATORS:
+        return estimator(scores, batch.group_ids, alg.advantage.std_eps, ctx=ctx)
     assert batch.episode_ids is not None
     index, _ = episode_index(batch.episode_ids)
     lengths = episode_totals(batch.mask.sum(dim=-1), index)
     token_rewards = None if ctx.token_rewards is None else ctx.token_rewards[first]
-    sub = AdvantageContext(batch.mask[first], token_rewards, None, lengths, alg.gamma, alg.lam)
-    adv, metrics = estimator(scores[first], batch.group_ids[first], alg.std_eps, ctx=sub)
+    sub = AdvantageContext(batch.mask[first], token_rewards, None, lengths, alg.advantage.gamma, alg.advantage.lam)
+    adv, metrics = estimator(scores[first], batch.group_ids[first], alg.advantage.std_eps, ctx=sub)
     return adv[index], metrics
 
 
@@ -103,30 +107,34 @@ def assign_advantages(
 ) -> dict[str, float]:
     """Set batch.adv [B, L-1] from the batch's rewards with the configured estimator; returns metrics.
 
-    ref_logp: reference logprobs when alg.kl_mode == "reward" (the KL, estimated on the rollout logprobs,
+    ref_logp: reference logprobs when alg.kl.mode == "reward" (the KL, estimated on the rollout logprobs,
     is subtracted from the token rewards); values: critic values [B, L-1] for gae, kept in batch.values with the
     GAE returns (the critic's targets, from the same shaped token rewards) in batch.returns. An episode of several
     rows (step-wise samples) is scored by `step_rewards`.
     """
     assert batch.token_rewards is not None and batch.group_ids is not None, "collate sets token_rewards/group_ids"
-    raw, _, _ = step_rewards(batch, batch.token_rewards, alg.step_rewards)
+    raw, _, _ = step_rewards(batch, batch.token_rewards, alg.advantage.step_rewards)
     token_rewards, metrics = shaped_token_rewards(batch, alg, max_response_length)
-    scores, token_rewards, first = step_rewards(batch, token_rewards, alg.step_rewards)
+    scores, token_rewards, first = step_rewards(batch, token_rewards, alg.advantage.step_rewards)
     if ref_logp is not None:
-        kl = registry.get("kl", alg.kl_estimator)(batch.rollout_logp, ref_logp)
+        kl = registry.get("kl", alg.kl.estimator)(batch.rollout_logp, ref_logp)
         token_rewards = kl_reward_penalty(token_rewards, kl, batch.mask, kl_coef)
         scores = token_rewards.sum(dim=-1)
         metrics["policy/kl"] = float((kl * batch.mask).sum()) / max(batch.num_tokens, 1)
-    if alg.zero_variance_mask:
+    if alg.shaping.zero_variance_mask:
         flat = zero_variance_rows(raw, batch.group_ids)
         batch.mask = batch.mask * (~flat).to(batch.mask.dtype)[:, None]
         metrics["batch/zero_variance_frac"] = float(flat.float().mean()) if len(batch) else 0.0
-    ctx = AdvantageContext(mask=batch.mask, token_rewards=token_rewards, values=values, gamma=alg.gamma, lam=alg.lam)
+    ctx = AdvantageContext(
+        mask=batch.mask, token_rewards=token_rewards, values=values, gamma=alg.advantage.gamma, lam=alg.advantage.lam
+    )
     adv, adv_metrics = _estimate(alg, batch, scores, ctx, first)
     batch.adv = to_tokens(adv.to(torch.float32), batch.mask)
     if values is not None:
         batch.values = values
-        _, batch.returns = gae_advantages_and_returns(token_rewards, values, batch.mask, alg.gamma, alg.lam)
+        _, batch.returns = gae_advantages_and_returns(
+            token_rewards, values, batch.mask, alg.advantage.gamma, alg.advantage.lam
+        )
     return {**metrics, **{k: float(v) for k, v in adv_metrics.items()}}
 
 
@@ -138,7 +146,7 @@ DISTILL_MODES = {
 
 def apply_distillation(batch: TokenBatch, teacher_logp: torch.Tensor, alg: AlgorithmConfig) -> dict[str, float]:
     """Fold the per-token reverse KL to the teacher into batch.adv (after `assign_advantages`), per
-    `alg.teacher_mode`; the student's logprobs are the rollout's (the sampling policy). Returns teacher/* metrics."""
-    distill_adv, metrics = reverse_kl_advantage(batch.rollout_logp, teacher_logp, batch.mask, alg.teacher_coef)
-    batch.adv = DISTILL_MODES[alg.teacher_mode](batch.adv, distill_adv)
+    `alg.teacher.mode`; the student's logprobs are the rollout's (the sampling policy). Returns teacher/* metrics."""
+    distill_adv, metrics = reverse_kl_advantage(batch.rollout_logp, teacher_logp, batch.mask, alg.teacher.coef)
+    batch.adv = DISTILL_MODES[alg.teacher.mode](batch.adv, distill_adv)
     return metrics

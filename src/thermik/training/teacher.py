@@ -1,6 +1,6 @@
 """The teacher of on-policy distillation: scores every token of the student's sampled sequences.
 
-Two kinds, chosen by `algorithm.teacher` (docs/algorithms.md, "On-policy distillation"):
+Two kinds, chosen by `algorithm.teacher.source` (docs/algorithms.md, "On-policy distillation"):
 
 - a local HF model directory: a frozen copy in the trainer's process, run by the training forward (like the
   reference model);
@@ -26,7 +26,7 @@ from thermik.models.served import first_served_model
 from thermik.training.batch import TokenBatch
 from thermik.training.update import logprobs_no_grad
 
-TEACHER_MODEL = "algorithm.teacher_model"
+TEACHER_MODEL = "algorithm.teacher.model"
 
 
 class Teacher(Protocol):
@@ -68,9 +68,9 @@ class ServerTeacher:
                 scored = await asyncio.gather(*(self._score(client, gate, model, ids) for ids in rows))
         except httpx.TransportError as exc:  # down, refused, timed out: distillation cannot go on without it
             raise RuntimeError(
-                f"algorithm.teacher {self.base_url} did not answer ({type(exc).__name__}: {exc}); start it, e.g. "
-                f"`thermik inference --model.path TEACHER_DIR --server.port PORT`, or raise "
-                f"algorithm.teacher_timeout_s ({self.timeout_s} s)"
+                f"algorithm.teacher.source {self.base_url} did not answer ({type(exc).__name__}: {exc}); start it, "
+                f"e.g. `thermik inference --model.path TEACHER_DIR --server.port PORT`, or raise "
+                f"algorithm.teacher.timeout_s ({self.timeout_s} s)"
             ) from exc
         out = torch.zeros(batch.mask.shape)
         for i, values in enumerate(scored):
@@ -97,19 +97,19 @@ class ServerTeacher:
 def build_teacher(
     alg: AlgorithmConfig, trainer: TrainerConfig, tokenizer: Any, autocast: torch.dtype | None, device: str
 ) -> Teacher | None:
-    """The teacher `algorithm.teacher` names, or None when distillation is off. tokenizer: the student's (HF)
+    """The teacher `algorithm.teacher.source` names, or None when distillation is off. tokenizer: the student's (HF)
     tokenizer; a local teacher must share its vocabulary."""
-    if not alg.teacher:
+    if not alg.teacher.source:
         return None
-    if alg.teacher.startswith(("http://", "https://")):
+    if alg.teacher.source.startswith(("http://", "https://")):
         return ServerTeacher(
-            alg.teacher, alg.teacher_model, alg.teacher_api_key, alg.teacher_timeout_s, alg.teacher_concurrency
+            alg.teacher.source, alg.teacher.model, alg.teacher.api_key, alg.teacher.timeout_s, alg.teacher.concurrency
         )
-    vocab = load_tokenizer(alg.teacher).get_vocab()
+    vocab = load_tokenizer(alg.teacher.source).get_vocab()
     if vocab != tokenizer.get_vocab():
         raise ValueError(
-            f"algorithm.teacher {alg.teacher}: its tokenizer differs from the student's ({len(vocab)} vs "
+            f"algorithm.teacher.source {alg.teacher.source}: its tokenizer differs from the student's ({len(vocab)} vs "
             f"{len(tokenizer.get_vocab())} tokens); distillation scores the student's token ids, so both must "
             "share one tokenizer"
         )
-    return LocalTeacher(load_model(alg.teacher, device=device), trainer, autocast)
+    return LocalTeacher(load_model(alg.teacher.source, device=device), trainer, autocast)
