@@ -403,3 +403,32 @@ def test_completions_extend_the_sample_by_their_own_tokens(real: Any) -> None:
     traj = capture.close(handle.id)
     assert traj.continuations == [] and traj.num_turns == 2
     check_against_engine(traj, recording, slice(before, None))
+
+
+def test_capture_over_a_remote_engine_records_what_that_server_sampled(real: Any) -> None:
+    """The capture talks to the engine interface only: here a RemoteEngine over another OpenAI-compatible server
+    (the real engine's, on loopback), served by `serve_capture` in its own event loop."""
+    from thermik.capture import serve_capture
+    from thermik.inference.remote import RemoteEngine
+
+    capture, recording, url = real
+    before = len(recording.calls)
+
+    async def play() -> Trajectory:
+        remote = RemoteEngine(url, model=MODEL, stop_token_ids=capture.chat.stop_ids)
+        async with serve_capture(remote, capture.chat.tokenizer, "remote-policy", max_model_len=512) as remote_capture:
+            handle = remote_capture.open()
+            client = openai.AsyncOpenAI(base_url=handle.base_url, api_key=handle.api_key, max_retries=0)
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "Hi"}]
+            for _ in range(2):
+                reply = await client.chat.completions.create(model=handle.model, messages=messages, max_tokens=5)
+                messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                             {"role": "user", "content": "More."}]  # fmt: skip
+            await client.close()
+            traj = remote_capture.close(handle.id)
+        await remote.close()
+        return traj
+
+    traj = asyncio.run(play())
+    assert traj.num_turns == 2 and traj.continuations == []
+    check_against_engine(traj, recording, slice(before, None))
