@@ -343,6 +343,13 @@ def test_budgets_answer_400_then_the_episode_is_gone(scripted: Any) -> None:
     with pytest.raises(openai.BadRequestError, match="token budget"):
         _client(tokens).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "b"}])
     assert capture.close(tokens.id).stop_reason == "length"
+    context = _client(capture.open())
+    reply = context.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a"}], max_tokens=10**6)
+    assert reply.choices[0].finish_reason == "stop"  # a limit past the context's room is cut to it
+    with pytest.raises(openai.BadRequestError, match="outgrew the context"):
+        context.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "long " * 600}])
+    with pytest.raises(openai.NotFoundError):
+        context.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a"}])
 
 
 BAD_BODIES = [

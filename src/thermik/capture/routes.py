@@ -92,6 +92,13 @@ class CaptureRoutes:
                 episode.end()
                 episode.lock.release()
 
+    def _new_tokens(self, episode: Episode, requested: int | None) -> int | None:
+        """What a turn may sample: the request's limit within the token budget and the context's room (a harness's
+        max_tokens larger than the room left is cut to it; no room at all ends the episode)."""
+        room = self.server.max_model_len - len(episode.prompt_ids())
+        limit = episode.max_new_tokens(requested)
+        return limit if room < 1 else min(limit or room, room)
+
     def _sampling(self, episode: Episode, body: Body, **fields: Any) -> Body:
         """`body` with the episode's fixed sampling fields and the model the server serves."""
         return body.model_copy(update={"model": self.server.model_name, **fields, **episode.limits.sampling})
@@ -110,7 +117,7 @@ class CaptureRoutes:
             episode.record(choice, assistant_message(content, calls if body.parallel_tool_calls else calls[:1]))
 
         async def reply() -> Any:
-            requested = episode.max_new_tokens(body.max_completion_tokens or body.max_tokens)
+            requested = self._new_tokens(episode, body.max_completion_tokens or body.max_tokens)
             field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
             sampled = self._sampling(episode, body, session_id=episode.id, **{field: requested})
             return await self.server.chat_reply(sampled, episode.prompt_ids(), record)
@@ -130,7 +137,7 @@ class CaptureRoutes:
 
         async def reply() -> Any:
             sampled = self._sampling(episode, body, session_id=episode.id,
-                                     max_tokens=episode.max_new_tokens(body.max_tokens))  # fmt: skip
+                                     max_tokens=self._new_tokens(episode, body.max_tokens))  # fmt: skip
             return await self.server.completion_reply(sampled, [episode.prompt_ids()], record)
 
         return await self._turn(episode, [], None, fingerprint, _is_retry(request), reply, prompts[0])
@@ -163,7 +170,7 @@ class CaptureRoutes:
 
         async def reply() -> Any:
             sampled = self._sampling(episode, chat, session_id=episode.id)
-            requested = episode.max_new_tokens(body.max_output_tokens)
+            requested = self._new_tokens(episode, body.max_output_tokens)
             await self.server._generate([episode.prompt_ids()], sampled, requested, 0, "max_output_tokens", "input",
                                         record)  # fmt: skip
             return response_object(body, response_id, self.server.model_name, got["output"], got["choice"])
