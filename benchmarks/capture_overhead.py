@@ -5,7 +5,9 @@ Each episode is a multi-turn chat: the model answers, the environment answers ba
 turns. Both sides sample with the same seeds from the same embedded engine over the same model, so they sample the
 same tokens; the capture side adds the SDK, HTTP on loopback, the request parsing and the sample bookkeeping. All
 --episodes run concurrently, as a rollout batch does. Rounds alternate the two sides so machine noise hits both
-alike; the median rollout wall time of each is reported, and their ratio (target: within 1.05).
+alike; the median rollout wall time of each is reported, and their ratio (target: within 1.05). The agent loop
+re-tokenizes a turn whose text does not re-render to the same prefix (an untrained model's broken characters):
+it then starts a new sample, where capture keeps extending its tokens; the sample counts show how often.
 
 Run: `python benchmarks/capture_overhead.py [--model DIR | --preset qwen2-1m] [--episodes 16] [--turns 4]
 [--tokens 24] [--rounds 5]`.
@@ -30,6 +32,7 @@ from thermik.envs.base import Env, StepOutput
 from thermik.inference.server.run import load_engine
 from thermik.models.presets import init_model
 from thermik.rollout.agent_loop import LoopLimits, run_episode
+from thermik.rollout.trajectory import Trajectory
 
 SEED_STRIDE = 7919  # the agent loop's per-turn seed offset (seed + 7919 * turn)
 
@@ -50,17 +53,18 @@ def prompt(i: int) -> list[dict[str, str]]:
     return [{"role": "system", "content": "You are brief."}, {"role": "user", "content": f"Tell me about {i}."}]
 
 
-async def agent_loop_side(engine: Any, chat: ChatTokenizer, args: argparse.Namespace, seed: int) -> int:
+async def agent_loop_side(engine: Any, chat: ChatTokenizer, args: argparse.Namespace, seed: int) -> tuple[int, int]:
+    """(sampled tokens, samples) of the batch."""
     limits = LoopLimits(max_turns=args.turns, max_input_length=1536, max_generate_length=args.tokens,
                         max_sequence_length=2048)  # fmt: skip
     trajs = await asyncio.gather(*(
         run_episode(engine, ChatEnv(args.turns), chat, prompt(i), limits, SamplingConfig(), seed=seed + 1000 * i)
         for i in range(args.episodes)
     ))  # fmt: skip
-    return sum(t.num_generated_tokens for t in trajs)
+    return sum(t.num_generated_tokens for t in trajs), sum(len(t.samples) for t in trajs)
 
 
-async def harness(sdk: openai.AsyncOpenAI, capture: Capture, args: argparse.Namespace, i: int, seed: int) -> int:
+async def harness(sdk: openai.AsyncOpenAI, capture: Capture, args: argparse.Namespace, i: int, seed: int) -> Trajectory:
     """One episode as a user's harness plays it: the openai SDK's chat loop against the episode's base URL."""
     handle = capture.open()
     client = sdk.with_options(base_url=handle.base_url, api_key=handle.api_key)
@@ -73,22 +77,22 @@ async def harness(sdk: openai.AsyncOpenAI, capture: Capture, args: argparse.Name
         if out.done or reply.choices[0].finish_reason != "stop":
             break
         messages = [*messages, {"role": "assistant", "content": text}, *out.observations]
-    return capture.close(handle.id).num_generated_tokens
+    return capture.close(handle.id)
 
 
-async def capture_side(capture: Capture, args: argparse.Namespace, seed: int) -> int:
+async def capture_side(capture: Capture, args: argparse.Namespace, seed: int) -> tuple[int, int]:
     """The episodes' SDK clients share one connection pool: building an SDK client (its TLS context, ~80 ms on a
     loaded 2-core machine) is the harness's cost, not the endpoint's."""
     async with openai.AsyncOpenAI(base_url=capture.url, api_key="unused", max_retries=0) as sdk:
-        counts = await asyncio.gather(*(harness(sdk, capture, args, i, seed + 1000 * i) for i in range(args.episodes)))
-    return sum(counts)
+        trajs = await asyncio.gather(*(harness(sdk, capture, args, i, seed + 1000 * i) for i in range(args.episodes)))
+    return sum(t.num_generated_tokens for t in trajs), sum(len(t.samples) for t in trajs)
 
 
 async def main(args: argparse.Namespace) -> None:
     engine, tokenizer = load_engine(args.model, seed=0)
     chat = ChatTokenizer(tokenizer)
     times: dict[str, list[float]] = {"agent loop": [], "capture": []}
-    tokens: dict[str, int] = {}
+    counts: dict[str, tuple[int, int]] = {}
     async with serve_capture(engine, tokenizer, "policy", max_model_len=2048) as capture:
         sides = {"agent loop": lambda s: agent_loop_side(engine, chat, args, s),
                  "capture": lambda s: capture_side(capture, args, s)}  # fmt: skip
@@ -98,13 +102,16 @@ async def main(args: argparse.Namespace) -> None:
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for name in order:
                 start = time.perf_counter()
-                tokens[name] = await sides[name](1 + r)
+                counts[name] = await sides[name](1 + r)
                 times[name].append(time.perf_counter() - start)
     await engine.close()
     median = {name: statistics.median(ts) for name, ts in times.items()}
     print(f"{args.episodes} episodes x {args.turns} turns x <= {args.tokens} tokens, {args.rounds} rounds")
     for name, t in median.items():
-        print(f"  {name:>10}: {t:.3f} s median rollout wall time ({tokens[name]} sampled tokens in the last round)")
+        tokens, samples = counts[name]
+        print(
+            f"  {name:>10}: {t:.3f} s median rollout wall time (last round: {tokens} sampled tokens, {samples} samples)"
+        )
     print(f"capture / agent loop = {median['capture'] / median['agent loop']:.3f} (target <= 1.05)")
 
 

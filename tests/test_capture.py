@@ -181,11 +181,14 @@ def test_sdk_chat_tool_loop_is_one_token_exact_sample(scripted: Any, stream: boo
     handle = capture.open(EpisodeLimits(max_turns=4))
     before = len(recording.calls)
     messages = _tool_loop(_client(handle), handle.model, stream)
+    posted = http.post(handle.reward_url, json={"reward": 1.5, "metrics": {"solved": 1.0}, "extra": "ignored"})
+    assert posted.status_code == 200, posted.text
     tool_result = {"role": "tool", "tool_call_id": messages[1]["tool_calls"][0]["id"], "content": "5"}
     assert messages[-1]["content"] == "The answer is 5." and messages[2] == tool_result
     traj = capture.close(handle.id)
     assert traj.continuations == [] and traj.num_turns == 2 and traj.env_metrics["capture_forks"] == 0
     check_against_engine(traj, recording, slice(before, None))
+    assert traj.reward == 1.5 and traj.rewards[traj.turn_spans[-1][1] - 1] == 1.5 and traj.env_metrics["solved"] == 1
     # between the two sampled turns: only the tool result's rendering, never the first reply re-tokenized
     _, end, obs_end = traj.turn_spans[0]
     observation = capture.chat.tokenizer.decode(traj.response_ids[end:obs_end])
@@ -393,9 +396,12 @@ def test_unknown_and_closed_episodes_are_404(scripted: Any) -> None:
     for route in ("chat/completions", "completions", "responses"):
         missing = http.post(f"{url}/episodes/nope/v1/{route}", json=body)
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "episode_not_found"
+    assert http.post(f"{url}/episodes/nope/reward", json={"reward": 1}).status_code == 404
     handle = capture.open()
+    assert http.post(handle.reward_url, json={"reward": "lots"}).status_code == 400
     capture.close(handle.id)
     assert http.post(f"{handle.base_url}/chat/completions", json=body).status_code == 404
+    assert http.post(handle.reward_url, json={"reward": 1}).status_code == 404
     assert http.get(f"{handle.base_url}/models").status_code == 404
 
 

@@ -12,7 +12,7 @@ Public interface (stable):
     async with serve_capture(engine, tokenizer, model_name, max_model_len) as capture:   # or: served on loopback
         handle = capture.open(EpisodeLimits(max_turns=8, max_tokens=2048, sampling={"temperature": 1.0}),
                               group_id=g)
-        handle.base_url, handle.api_key, handle.model, handle.id   # client_config(), environment()
+        handle.base_url, handle.api_key, handle.model, handle.id, handle.reward_url   # client_config(), environment()
         ...the harness runs against handle.base_url / handle.api_key...
         traj = capture.close(handle.id)          # Trajectory; traj.samples = [traj, *traj.continuations]
 
@@ -20,7 +20,8 @@ Each turn's prompt is the episode's exact tokens so far plus the rendering of th
 extend the history starts a new step-wise sample (`env_metrics["capture_forks"]`); SDK retries replace their turn
 (`capture_retries`); logprobs and weight versions are kept per token. A spent budget answers 400 and ends the
 episode (stop reason `max_turns` or `length`); an unknown, finished or closed episode answers 404; a malformed body
-a 4xx. docs/capture.md.
+a 4xx. `POST /episodes/{id}/reward` `{"reward", "metrics"}` puts a reward on the last sampled token at close.
+docs/capture.md.
 """
 
 from thermik.capture.episode import EpisodeFinished, EpisodeLimits

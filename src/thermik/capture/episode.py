@@ -75,6 +75,8 @@ class Episode:
         self.turns = self.sampled_tokens = self.retries = 0
         self.finished: str | None = None  # the stop reason once a budget ended the episode
         self.closed = False
+        self.reward: float | None = None  # posted to the episode's reward URL: on the last sampled token at close
+        self.reward_metrics: dict[str, float] = {}
         self.responses: dict[str, list[Message]] = {}  # Responses API: id -> its conversation (previous_response_id)
         self._last: tuple[str, _Mark] | None = None  # the previous turn's request fingerprint and the state before it
         self._mark: _Mark | None = None  # the running turn's start, until its reply is recorded
@@ -168,6 +170,10 @@ class Episode:
         head.stop_reason = self.finished or "stop"
         head.env_metrics["capture_forks"] = float(len(head.continuations))
         head.env_metrics["capture_retries"] = float(self.retries)
+        head.env_metrics.update(self.reward_metrics)
+        last = next((s for s in reversed(head.samples) if s.turn_spans), None)
+        if self.reward is not None and last is not None:
+            last.rewards[last.turn_spans[-1][1] - 1] += self.reward
         return head
 
     # ------------------------------------------------------------------ internals

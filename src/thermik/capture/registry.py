@@ -27,14 +27,18 @@ class EpisodeHandle:
     base_url: str
     api_key: str
     model: str
+    reward_url: str
+    """POST `{"reward": float, "metrics": {...}}` here to give the episode its reward."""
 
     def client_config(self) -> dict[str, str]:
         """{base_url, api_key, model}: the keyword arguments of `openai.OpenAI(...)` plus the model to ask for."""
         return {"base_url": self.base_url, "api_key": self.api_key, "model": self.model}
 
     def environment(self) -> dict[str, str]:
-        """OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL for a harness run as a subprocess."""
-        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "OPENAI_MODEL": self.model}
+        """OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL / EPISODE_REWARD_URL for a harness run as a
+        subprocess."""
+        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "OPENAI_MODEL": self.model,
+                "EPISODE_REWARD_URL": self.reward_url}  # fmt: skip
 
 
 class Capture:
@@ -67,8 +71,8 @@ class Capture:
         episode = Episode(self.chat, limits or EpisodeLimits(), group_id)
         self._episodes[episode.id] = episode
         self._keys[episode.api_key] = episode.id
-        return EpisodeHandle(episode.id, f"{self.url}/episodes/{episode.id}/v1", episode.api_key,
-                             self.server.model_name)  # fmt: skip
+        root = f"{self.url}/episodes/{episode.id}"
+        return EpisodeHandle(episode.id, f"{root}/v1", episode.api_key, self.server.model_name, f"{root}/reward")
 
     def close(self, episode_id: str) -> Trajectory:
         """End the episode (its URL and key answer 404 from now on) and return its samples: the first sample, with
@@ -84,11 +88,11 @@ class Capture:
 
     # ------------------------------------------------------------------ for the routes
 
-    def episode(self, episode_id: str) -> Episode:
+    def episode(self, episode_id: str, finished_too: bool = False) -> Episode:
         episode = self._episodes.get(episode_id)
         if episode is None:
             raise ApiError(404, f"episode {episode_id!r} does not exist or was closed", None, "episode_not_found")
-        if episode.finished is not None:
+        if episode.finished is not None and not finished_too:
             raise ApiError(404, f"episode {episode_id!r} is finished ({episode.finished}): its budget is spent",
                            None, "episode_finished")  # fmt: skip
         return episode

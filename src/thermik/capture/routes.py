@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from thermik.capture.episode import Episode, EpisodeFinished
 from thermik.capture.messages import Message, assistant_message
@@ -25,12 +25,19 @@ from thermik.capture.responses import ResponsesRequest, input_messages, output_i
 from thermik.inference.server import outputs
 from thermik.inference.server.chat_render import template_message
 from thermik.inference.server.errors import ApiError
-from thermik.inference.server.protocol import ChatCompletionRequest, CompletionRequest
+from thermik.inference.server.protocol import ChatCompletionRequest, CompletionRequest, _Body
 
 if TYPE_CHECKING:
     from thermik.capture.registry import Capture
 
 RETRY_HEADER = "x-stainless-retry-count"
+
+
+class RewardBody(_Body):
+    reward: float = Field(allow_inf_nan=False)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
 Body = TypeVar("Body", bound=BaseModel)
 ROUTES = ("chat/completions", "completions", "responses", "models")
 
@@ -183,6 +190,15 @@ class CaptureRoutes:
         events = stream_events(start, final, got["choice"], self.server.detok)
         return StreamingResponse(_aiter(events), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
+    async def reward(self, episode_id: str, request: Request) -> dict[str, Any]:
+        """`{"reward": float, "metrics": {name: float}}` from the harness: the episode's reward (on its last sampled
+        token when it is closed) and metrics; a later post replaces an earlier one. Accepted after a budget ended
+        the episode too."""
+        episode = self.capture.episode(episode_id, finished_too=True)
+        body, _ = await read_body(request, RewardBody)
+        episode.reward, episode.reward_metrics = body.reward, dict(body.metrics)
+        return {"episode": episode.id, "reward": body.reward}
+
     async def models(self, episode_id: str) -> Any:
         self.capture.episode(episode_id)
         return await self.server.models()
@@ -209,6 +225,7 @@ def mount(app: FastAPI, routes: CaptureRoutes) -> None:
     app.post(f"{base}/completions")(routes.completions)
     app.post(f"{base}/responses")(routes.responses)
     app.get(f"{base}/models")(routes.models)
+    app.post("/episodes/{episode_id}/reward")(routes.reward)
     app.add_middleware(EpisodeKeyRouter, capture=routes.capture)
 
 
