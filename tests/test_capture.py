@@ -445,3 +445,26 @@ def test_capture_over_a_remote_engine_records_what_that_server_sampled(real: Any
     traj = asyncio.run(play())
     assert traj.num_turns == 2 and traj.continuations == []
     check_against_engine(traj, recording, slice(before, None))
+
+
+def test_token_in_generate_by_episode_key_extends_then_forks(real: Any) -> None:
+    """vLLM's /inference/v1/generate (verifiers' training client) with an episode key: prompts that extend the
+    sample's tokens continue it, one that does not starts another."""
+    capture, recording, url = real
+    handle = capture.open()
+    before = len(recording.calls)
+    auth = {"Authorization": f"Bearer {handle.api_key}"}
+    prompt = capture.chat.encode_prompt([{"role": "user", "content": "Hi"}])
+
+    def ask(ids: list[int]) -> list[int]:
+        reply = http.post(f"{url}/inference/v1/generate", headers=auth, json={
+            "model": "any", "token_ids": ids, "sampling_params": {"max_tokens": 4, "seed": 1}})  # fmt: skip
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]["token_ids"]
+
+    first = ask(prompt)
+    ask([*prompt, *first, *capture.chat.encode_observations([{"role": "user", "content": "More."}])])
+    ask(capture.chat.encode_prompt([{"role": "user", "content": "Other."}]))
+    traj = capture.close(handle.id)
+    assert [len(s.turn_spans) for s in traj.samples] == [2, 1]
+    check_against_engine(traj, recording, slice(before, None))

@@ -22,9 +22,11 @@ from pydantic import BaseModel, Field, ValidationError
 from thermik.capture.episode import Episode, EpisodeFinished
 from thermik.capture.messages import Message, assistant_message
 from thermik.capture.responses import ResponsesRequest, input_messages, output_items, response_object, stream_events
+from thermik.inference.base import Generation
 from thermik.inference.server import outputs
 from thermik.inference.server.chat_render import template_message
 from thermik.inference.server.errors import ApiError
+from thermik.inference.server.generate import GenerateRequest, generate
 from thermik.inference.server.protocol import ChatCompletionRequest, CompletionRequest, _Body
 
 if TYPE_CHECKING:
@@ -39,7 +41,9 @@ class RewardBody(_Body):
 
 
 Body = TypeVar("Body", bound=BaseModel)
-ROUTES = ("chat/completions", "completions", "responses", "models")
+ROUTES = frozenset({*(f"/v1/{r}" for r in ("chat/completions", "completions", "responses", "models")),
+                    "/inference/v1/generate"})  # fmt: skip
+"""Plain routes an episode key sends to the episode's own."""
 
 
 async def read_body(request: Request, model: type[Body]) -> tuple[Body, str]:
@@ -190,6 +194,24 @@ class CaptureRoutes:
         events = stream_events(start, final, got["choice"], self.server.detok)
         return StreamingResponse(_aiter(events), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
+    async def generate(self, episode_id: str, request: Request) -> dict[str, Any]:
+        """vLLM's token-in `/inference/v1/generate` (verifiers' and prime-rl's training clients render the prompt
+        themselves): the sample continues when the ids extend its tokens, else a new one starts."""
+        episode = self.capture.episode(episode_id)
+        body, fingerprint = await read_body(request, GenerateRequest)
+
+        def record(prompt: list[int], gen: Generation) -> None:
+            choice = outputs.finish(gen, 0, prompt, self.server.detok, (), frozenset())
+            episode.record(choice, {"role": "assistant", "content": choice.text})
+
+        async def reply() -> Any:
+            limit = self._new_tokens(episode, body.sampling_params.max_tokens)
+            params = body.sampling_params.model_copy(update={"max_tokens": limit, **episode.limits.sampling})
+            sampled = body.model_copy(update={"model": self.server.model_name, "sampling_params": params})
+            return await generate(self.server, sampled, episode.id, record)
+
+        return await self._turn(episode, [], None, fingerprint, _is_retry(request), reply, list(body.token_ids))
+
     async def reward(self, episode_id: str, request: Request) -> dict[str, Any]:
         """`{"reward": float, "metrics": {name: float}}` from the harness: the episode's reward (on its last sampled
         token when it is closed) and metrics; a later post replaces an earlier one. Accepted after a budget ended
@@ -226,6 +248,7 @@ def mount(app: FastAPI, routes: CaptureRoutes) -> None:
     app.post(f"{base}/responses")(routes.responses)
     app.get(f"{base}/models")(routes.models)
     app.post("/episodes/{episode_id}/reward")(routes.reward)
+    app.post("/episodes/{episode_id}/inference/v1/generate")(routes.generate)
     app.add_middleware(EpisodeKeyRouter, capture=routes.capture)
 
 
@@ -236,7 +259,7 @@ class EpisodeKeyRouter:
         self.app, self.capture = app, capture
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].removeprefix("/v1/") in ROUTES:
+        if scope["type"] == "http" and scope["path"] in ROUTES:
             headers = dict(scope.get("headers") or [])
             scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
             episode_id = self.capture.id_of_key(token.strip()) if scheme.lower() == "bearer" else None
