@@ -468,3 +468,26 @@ def test_token_in_generate_by_episode_key_extends_then_forks(real: Any) -> None:
     traj = capture.close(handle.id)
     assert [len(s.turn_spans) for s in traj.samples] == [2, 1]
     check_against_engine(traj, recording, slice(before, None))
+
+
+def test_real_engine_responses_stream_as_sampled(real: Any) -> None:
+    """Text deltas come as the engine samples (several of them) and add up to the final text; the recorded tokens
+    are the engine's."""
+    capture, recording, _ = real
+    handle = capture.open()
+    before = len(recording.calls)
+    client = _client(handle)
+    events = list(client.responses.create(model=handle.model, input="Tell me a story.", max_output_tokens=12,
+                                          stream=True))  # fmt: skip
+    kinds = [e.type for e in events]
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    final = events[-1].response
+    assert kinds[-1] == "response.incomplete" and final.incomplete_details.reason == "max_output_tokens"
+    assert kinds[:4] == TEXT_EVENTS[:4] and kinds[-4:-1] == TEXT_EVENTS[-4:-1] and len(deltas) > 1
+    assert "".join(deltas) == final.output[0].content[0].text
+    again = client.responses.create(model=handle.model, input=[{"role": "user", "content": "More."}],
+                                    previous_response_id=final.id, max_output_tokens=5)  # fmt: skip
+    assert again.status in ("completed", "incomplete")
+    traj = capture.close(handle.id)
+    assert traj.num_turns == 2 and traj.continuations == []
+    check_against_engine(traj, recording, slice(before, None))

@@ -5,8 +5,8 @@ Input: a string or items (messages with `input_text`/`output_text` parts, `funct
 `parallel_tool_calls`, `max_output_tokens`, `temperature`, `top_p`, and `previous_response_id` (a response of the
 same episode: its conversation comes first; its instructions are not carried over, as OpenAI does). Output: a
 `message` item with one `output_text` part, then a `function_call` item per call. A reply cut by the token limit is
-`incomplete` (reason `max_output_tokens`). `stream: true` sends the documented events in their order, then
-`response.completed` carrying the whole response.
+`incomplete` (reason `max_output_tokens`). `stream: true` sends the documented events in their order as the engine
+samples, then `response.completed` carrying the whole response.
 """
 
 from __future__ import annotations
@@ -14,16 +14,18 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Literal
 
 from pydantic import Field
 
 from thermik.capture.messages import Message
+from thermik.inference.base import Generation, StreamItem
 from thermik.inference.server.chat_render import call_arguments
 from thermik.inference.server.errors import ApiError
-from thermik.inference.server.outputs import Choice, Detokenizer, stream_pieces
+from thermik.inference.server.outputs import Choice
 from thermik.inference.server.protocol import FunctionDef, NamedFunction, NamedToolChoice, _Body
+from thermik.inference.server.streaming import ChoiceStream
 
 
 class FunctionTool(FunctionDef):
@@ -125,13 +127,13 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[Message]:
     return messages
 
 
-def output_items(content: str | None, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def output_items(content: str | None, calls: list[dict[str, Any]], message_id: str = "") -> list[dict[str, Any]]:
     """A reply as Responses output items (completed): its text as a message, then one function_call per call."""
     items: list[dict[str, Any]] = []
     if content or not calls:
         part = {"type": "output_text", "text": content or "", "annotations": [], "logprobs": []}
-        items.append({"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed", "role": "assistant",
-                      "content": [part]})  # fmt: skip
+        items.append({"type": "message", "id": message_id or f"msg_{uuid.uuid4().hex}", "status": "completed",
+                      "role": "assistant", "content": [part]})  # fmt: skip
     for call in calls:
         items.append({"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call["id"],
                       "name": call["function"]["name"], "arguments": call["function"]["arguments"],
@@ -171,37 +173,75 @@ def _event(kind: str, counter: Iterator[int], **fields: Any) -> str:
     return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def stream_events(start: dict[str, Any], final: dict[str, Any], choice: Choice, detok: Detokenizer) -> Iterator[str]:
-    """The events of a finished reply in the documented order: created, in_progress, per item its added / delta /
-    done events, completed (or incomplete) with the whole response. Text deltas are the tokens' text pieces."""
+async def stream_events(
+    start: dict[str, Any],
+    source: AsyncIterator[StreamItem],
+    stream: ChoiceStream,
+    finish: Callable[[Choice, str], dict[str, Any]],
+) -> AsyncIterator[str]:
+    """The events of a reply as the engine samples it, in the documented order: created, in_progress, the message
+    item's added events and text deltas as tokens become final (text from a tool call's opening tag on is held),
+    then, once sampled, `finish(choice, message item id)` (which records the turn and returns the final response)
+    gives the rest: the text's done events, each call's added / arguments / done events, and completed (or
+    incomplete) carrying the whole response."""
     seq = iter(range(1 << 62))
+    message_id = f"msg_{uuid.uuid4().hex}"
     yield _event("response.created", seq, response=start)
     yield _event("response.in_progress", seq, response=start)
-    for index, item in enumerate(final["output"]):
-        if item["type"] == "message":
-            yield from _message_events(item, index, choice, detok, seq)
+    opened = False
+    async for item in source:
+        if isinstance(item, Generation):
+            choice = stream.finish(item)
+            final = finish(choice, message_id)
+            break
+        for _, piece in stream.add(item):
+            if piece:
+                if not opened:
+                    for event in _message_opened(message_id, seq):
+                        yield event
+                    opened = True
+                yield _event("response.output_text.delta", seq, **_at(message_id), content_index=0, delta=piece,
+                             logprobs=[])  # fmt: skip
+    else:
+        raise RuntimeError("the engine's stream ended without its generation")
+    for index, out in enumerate(final["output"]):
+        if out["type"] == "message":
+            if not opened:
+                for event in _message_opened(message_id, seq):
+                    yield event
+            text = out["content"][0]["text"]
+            rest = text[len(stream.sent_text) :] if text.startswith(stream.sent_text) else ""
+            if rest:
+                yield _event("response.output_text.delta", seq, **_at(message_id), content_index=0, delta=rest,
+                             logprobs=[])  # fmt: skip
+            for event in _message_done(out, seq):
+                yield event
         else:
-            yield from _call_events(item, index, seq)
+            for event in _call_events(out, index, seq):
+                yield event
     yield _event(f"response.{'completed' if final['status'] == 'completed' else 'incomplete'}", seq, response=final)
 
 
-def _message_events(item: dict[str, Any], index: int, choice: Choice, detok: Detokenizer, seq: Iterator[int]) -> Any:
-    part, where = item["content"][0], {"item_id": item["id"], "output_index": index}
-    text = part["text"]
-    yield _event("response.output_item.added", seq, output_index=index,
-                 item={**item, "status": "in_progress", "content": []})  # fmt: skip
-    yield _event("response.content_part.added", seq, **where, content_index=0, part={**part, "text": ""})
-    pieces = stream_pieces(detok, choice.token_ids, choice.text) if text == choice.text else [text]
-    for piece in pieces:
-        if piece:
-            yield _event("response.output_text.delta", seq, **where, content_index=0, delta=piece, logprobs=[])
-    yield _event("response.output_text.done", seq, **where, content_index=0, text=text, logprobs=[])
-    yield _event("response.content_part.done", seq, **where, content_index=0, part=part)
-    yield _event("response.output_item.done", seq, output_index=index, item=item)
+def _at(item_id: str, index: int = 0) -> dict[str, Any]:
+    return {"item_id": item_id, "output_index": index}
 
 
-def _call_events(item: dict[str, Any], index: int, seq: Iterator[int]) -> Any:
-    where = {"item_id": item["id"], "output_index": index}
+def _message_opened(item_id: str, seq: Iterator[int]) -> Iterator[str]:
+    item = {"type": "message", "id": item_id, "status": "in_progress", "role": "assistant", "content": []}
+    yield _event("response.output_item.added", seq, output_index=0, item=item)
+    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    yield _event("response.content_part.added", seq, **_at(item_id), content_index=0, part=part)
+
+
+def _message_done(item: dict[str, Any], seq: Iterator[int]) -> Iterator[str]:
+    part = item["content"][0]
+    yield _event("response.output_text.done", seq, **_at(item["id"]), content_index=0, text=part["text"], logprobs=[])
+    yield _event("response.content_part.done", seq, **_at(item["id"]), content_index=0, part=part)
+    yield _event("response.output_item.done", seq, output_index=0, item=item)
+
+
+def _call_events(item: dict[str, Any], index: int, seq: Iterator[int]) -> Iterator[str]:
+    where = _at(item["id"], index)
     yield _event("response.output_item.added", seq, output_index=index,
                  item={**item, "arguments": "", "status": "in_progress"})  # fmt: skip
     yield _event("response.function_call_arguments.delta", seq, **where, delta=item["arguments"])

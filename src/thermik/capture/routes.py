@@ -28,6 +28,7 @@ from thermik.inference.server.chat_render import template_message
 from thermik.inference.server.errors import ApiError
 from thermik.inference.server.generate import GenerateRequest, generate
 from thermik.inference.server.protocol import ChatCompletionRequest, CompletionRequest, _Body
+from thermik.tools.parsers import TOOL_CALL_OPEN
 
 if TYPE_CHECKING:
     from thermik.capture.registry import Capture
@@ -168,31 +169,34 @@ class CaptureRoutes:
                                      tools=body.chat_tools(), tool_choice=body.chat_tool_choice(),
                                      temperature=body.temperature, top_p=body.top_p)  # fmt: skip
         response_id = f"resp_{uuid.uuid4().hex}"
-        got: dict[str, Any] = {}
+        parse_tools = bool(chat.tools) and chat.tool_choice != "none"
 
-        def record(choice: outputs.Choice) -> None:
-            content, calls = outputs.tool_calls_of(choice.text) if chat.tools and chat.tool_choice != "none" else (
-                choice.text, [])  # fmt: skip
+        def record(choice: outputs.Choice, message_id: str = "") -> dict[str, Any]:
+            content, calls = outputs.tool_calls_of(choice.text) if parse_tools else (choice.text, [])
             calls = calls if body.parallel_tool_calls else calls[:1]
             reply_message = assistant_message(content, calls)
             episode.record(choice, reply_message)
             episode.responses[response_id] = [*conversation, reply_message]
-            got.update(choice=choice, output=output_items(content, calls))
+            output = output_items(content, calls, message_id)
+            return response_object(body, response_id, self.server.model_name, output, choice)
 
         async def reply() -> Any:
             sampled = self._sampling(episode, chat, session_id=episode.id)
             requested = self._new_tokens(episode, body.max_output_tokens)
-            await self.server._generate([episode.prompt_ids()], sampled, requested, 0, "max_output_tokens", "input",
-                                        record)  # fmt: skip
-            return response_object(body, response_id, self.server.model_name, got["output"], got["choice"])
+            requests = self.server._requests([episode.prompt_ids()], sampled, requested, 0, "max_output_tokens",
+                                             "input")  # fmt: skip
+            if not body.stream:
+                (gen,) = await self.server._generations(requests, sampled)
+                return record(outputs.finish(gen, 0, requests[0][0], self.server.detok, (), frozenset()))
+            sources, streams = await self.server._open_streams(
+                requests, sampled, TOOL_CALL_OPEN if parse_tools else None
+            )
+            start = response_object(body, response_id, self.server.model_name, [], None)
+            events = stream_events(start, sources[0], streams[0], record)
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
         tools = chat.tools and [t.model_dump(exclude_none=True) for t in chat.tools]
-        final = await self._turn(episode, [*system, *conversation], tools, fingerprint, _is_retry(request), reply)
-        if not body.stream:
-            return final
-        start = response_object(body, response_id, self.server.model_name, [], None)
-        events = stream_events(start, final, got["choice"], self.server.detok)
-        return StreamingResponse(_aiter(events), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return await self._turn(episode, [*system, *conversation], tools, fingerprint, _is_retry(request), reply)
 
     async def generate(self, episode_id: str, request: Request) -> dict[str, Any]:
         """vLLM's token-in `/inference/v1/generate` (verifiers' and prime-rl's training clients render the prompt
@@ -224,11 +228,6 @@ class CaptureRoutes:
     async def models(self, episode_id: str) -> Any:
         self.capture.episode(episode_id)
         return await self.server.models()
-
-
-async def _aiter(items: Any) -> AsyncIterator[str]:
-    for item in items:
-        yield item
 
 
 async def _then_release(events: AsyncIterator[Any], episode: Episode) -> AsyncIterator[Any]:
