@@ -122,6 +122,9 @@ def _missing_extra(command: str, extra: str, error: ImportError) -> ImportError:
 
 
 def _cmd_inference(cfg: ServeConfig) -> None:
+    from thermik.assembly.hardware import check_hardware
+
+    check_hardware(cfg.model, cfg.inference, training=False)  # before the port is taken or the model read
     try:
         from thermik.inference.server import app  # noqa: F401  (fastapi: the 'serve' extra)
         from thermik.inference.server.run import serve
@@ -131,6 +134,9 @@ def _cmd_inference(cfg: ServeConfig) -> None:
 
 
 def _cmd_tinker(cfg: Any) -> None:
+    from thermik.assembly.hardware import check_hardware
+
+    check_hardware(cfg.model)
     try:
         from thermik.tinker import app  # noqa: F401  (the tinker SDK, fastapi: the 'tinker' extra)
         from thermik.tinker.run import serve
