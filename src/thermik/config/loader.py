@@ -76,7 +76,7 @@ def _unknown_key(fields: Mapping[str, FieldInfo], prefix: str, key: str, source:
     hint = f" Did you mean {', '.join(repr(prefix + c) for c in close)}?" if close else ""
     return ConfigError(
         f"unknown config key '{full}' (from {source}).{hint} Valid keys in {where}: {', '.join(names)}. "
-        "Run with --help to list every key."
+        f"`--help{' ' + prefix[:-1] if prefix else ''}` lists them with their defaults."
     )
 
 
@@ -258,14 +258,16 @@ def _dotted(model_cls: type[BaseModel], loc: tuple[int | str, ...]) -> str:
 def _validation_error(e: ValidationError, sources: Mapping[str, str], model_cls: type[BaseModel]) -> ConfigError:
     lines = []
     for err in e.errors():
-        key = _dotted(model_cls, err["loc"])
+        key, got = _dotted(model_cls, err["loc"]), err["input"]
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "union_tag_invalid":  # name the variant key, as the user set it
+            key, got = f"{key}.{str(err['ctx']['discriminator']).strip(chr(39))}", err["ctx"]["tag"]
         if key:
             leaf = key
             while leaf and leaf not in sources and "." in leaf:
                 leaf = leaf.rsplit(".", 1)[0]
             src = f", from {sources[leaf]}" if leaf in sources else ""
-            lines.append(f"{key}: {msg} (got {err['input']!r}{src})")
+            lines.append(f"{key}: {msg} (got {got!r}{src})")
         else:
             lines.append(msg)
     return ConfigError("invalid config:\n  " + "\n  ".join(lines))
