@@ -18,8 +18,8 @@ from thermik.config import (
     SFTConfig,
     dump_toml,
     format_help,
-    load_config,
     help_topic,
+    load_config,
 )
 
 
