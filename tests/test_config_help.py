@@ -104,3 +104,18 @@ def test_variant_keys_load_and_fail_naming_the_variant(tmp_path) -> None:
         load_config(Toy, ["@", str(toml)], {})
     with pytest.raises(ConfigError, match=r"expected tags: 'ppo', 'gspo'.*from environment variable"):
         load_config(Toy, [], {"THERMIK_ALGORITHM__LOSS__TYPE": "gsp"})
+
+
+def test_the_command_line_chooses_the_variant_help_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's help path (cli._run_configured) resolves the flags given with --help, so the variant they choose is
+    the one shown; flags that do not resolve show the default variant."""
+    from thermik.cli import _run_configured
+
+    def never(_cfg: object) -> None:
+        raise AssertionError("--help runs nothing")
+
+    assert _run_configured(Toy, ["--algorithm.loss.type", "gspo", "--help", "algorithm"], never, "toy") == 0
+    out = capsys.readouterr().out
+    assert "--algorithm.loss.clip_low" in out and "--algorithm.loss.clip " not in out
+    assert _run_configured(Toy, ["--algorithm.loss.type", "nope", "--help", "algorithm"], never, "toy") == 0
+    assert "--algorithm.loss.clip  float" in capsys.readouterr().out
