@@ -37,27 +37,21 @@ def help_topic(argv: list[str]) -> tuple[str | None, list[str]]:
 
 
 def chooser_of(cfg: BaseModel | None) -> Chooser | None:
-    """The variants a resolved config chose, by the dotted path of their union section."""
+    """The variants a resolved config chose, by the dotted path of their union section (nested ones too)."""
     if cfg is None:
         return None
 
     def chosen(path: str) -> str | None:
+        *parents, leaf = path.split(".")
         node: object = cfg
-        for part in path.split("."):
+        for part in parents:
             node = getattr(node, part, None)
-        field_tag = _tag_at(type(cfg), path)
-        return str(getattr(node, field_tag)) if node is not None and field_tag else None
+        field = type(node).model_fields.get(leaf) if isinstance(node, BaseModel) else None
+        union = variants(field) if field is not None else None
+        value = getattr(node, leaf, None)
+        return str(getattr(value, union[0])) if union is not None and value is not None else None
 
     return chosen
-
-
-def _tag_at(model_cls: type[BaseModel], path: str) -> str | None:
-    *parents, leaf = path.split(".")
-    current: type[BaseModel] | None = model_cls
-    for part in parents:
-        current = section_model(current.model_fields[part].annotation) if current else None
-    union = variants(current.model_fields[leaf]) if current is not None and leaf in current.model_fields else None
-    return union[0] if union else None
 
 
 def _line(k: Knob) -> str:
