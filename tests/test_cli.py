@@ -50,8 +50,8 @@ def test_unknown_command_fails_listing_valid_ones(capsys: pytest.CaptureFixture[
 
 
 @pytest.mark.parametrize(("cmd", "model_cls"), [("rl", RunConfig), ("sft", SFTConfig)])
-def test_help_lists_every_leaf_with_its_default(cmd: str, model_cls: type[BaseModel]) -> None:
-    res = run_thermik(cmd, "--help")
+def test_help_all_lists_every_leaf_with_its_default(cmd: str, model_cls: type[BaseModel]) -> None:
+    res = run_thermik(cmd, "--help-all")
     assert res.returncode == 0, res.stderr
     lines = {line.split()[0]: line for line in res.stdout.splitlines() if line.startswith("  --")}
     leaves = _leaves(model_cls)

@@ -18,8 +18,8 @@ from thermik.config import (
     SFTConfig,
     dump_toml,
     format_help,
+    help_topic,
     load_config,
-    wants_help,
 )
 
 
@@ -163,7 +163,8 @@ def test_help_lists_every_leaf_with_default(model_cls: type[BaseModel]) -> None:
     assert "[trainer.optimizer]" in format_help(RunConfig)
     if model_cls is SFTConfig:  # its optimizer default factory differs from OptimizerConfig's own defaults
         assert "default=0.003" in lines["--optimizer.lr"]
-    assert wants_help(["@", "x.toml", "--help"]) and not wants_help(["--trainer.steps", "1"])
+    assert help_topic(["@", "x.toml", "--help"]) == ("", ["@", "x.toml"])
+    assert help_topic(["--trainer.steps", "1"]) == (None, ["--trainer.steps", "1"])
 
 
 def test_dump_load_round_trip(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The CPU capability probe (cpu/isa.py), the simulated smaller CPU (THERMIK_CPU_ISA), and what follows from it:
-the precision checks at config validation, the kernels' build target, PyTorch's dispatch, and cross-compiling the
+the precision checks at run assembly, the kernels' build target, PyTorch's dispatch, and cross-compiling the
 kernels for aarch64."""
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import torch
 from test_embedded_engine import PAD, PROMPTS, tiny_model
 
 from tests.conftest import run_thermik
-from thermik.config.schema import ModelConfig, RunConfig, ServeConfig
+from thermik.assembly.hardware import check_hardware
+from thermik.config.schema import RunConfig, ServeConfig
 from thermik.cpu import isa
 from thermik.cpu.kernels import KERNELS, build
+from thermik.errors import ThermikError
 from thermik.inference.base import SamplingParams
 from thermik.inference.embedded import embedded_engine
 
@@ -94,40 +96,65 @@ def test_simulated_avx2_reaches_pytorch_dispatch(tmp_path: Path) -> None:
     assert out.stdout.strip() == "AVX2"
 
 
-def test_explicit_bf16_on_a_cpu_without_it_stops_at_validation(simulate) -> None:
-    """inference.precision / model.train_precision = bfloat16 on an AVX2 CPU: a config error naming the key, the
-    missing CPU feature and the value to use; on a CPU whose bfloat16 ops run, the same configs validate."""
+def test_bf16_configs_validate_the_same_on_a_cpu_without_it(simulate) -> None:
+    """A config asking bfloat16 validates on an AVX2 CPU (it may run on another machine); the machine's own check is
+    run assembly's, which names the key, the missing CPU feature and the value to use."""
     simulate("avx2")
-    with pytest.raises(ValueError, match=r"inference.precision = 'bfloat16' needs .*lacks avx512f.*'auto'"):
-        RunConfig(inference={"precision": "bfloat16"})
-    with pytest.raises(ValueError, match=r"model.train_precision = 'bf16-mixed' needs .*lacks avx512f.*'float32'"):
-        ModelConfig(train_precision="bf16-mixed")
-    with pytest.raises(ValueError, match=r"inference.precision = 'bfloat16'"):
-        ServeConfig(inference={"precision": "bfloat16"})
-    RunConfig(inference={"precision": "bfloat16"}, model={"device": "cuda"})  # a GPU is not this CPU
-    RunConfig(inference={"precision": "auto"}, model={"train_precision": "auto"})
+    cfg = RunConfig(inference={"precision": "bfloat16"}, model={"train_precision": "bf16-mixed"})
+    ServeConfig(inference={"precision": "bfloat16"})
+    with pytest.raises(ThermikError, match=r"model.train_precision = 'bf16-mixed' needs .*lacks avx512f.*'float32'"):
+        check_hardware(cfg.model, cfg.inference)
+    with pytest.raises(ThermikError, match=r"inference.precision = 'bfloat16' needs .*lacks avx512f.*'auto'"):
+        check_hardware(cfg.model, cfg.inference, training=False)  # an evaluation asks for the engine's only
+    check_hardware(cfg.model, cfg.inference.model_copy(update={"backend": "remote"}), training=False)
+    check_hardware(None, cfg.inference)  # a process without the policy (an orchestrator) asks nothing
     simulate(None)
     if isa.capabilities().bf16_runs:
-        RunConfig(inference={"precision": "bfloat16"}, model={"train_precision": "bf16-mixed"})
+        check_hardware(cfg.model, cfg.inference)
 
 
-@pytest.mark.parametrize(
-    ("flag", "key"),
-    [("--inference.precision", "inference.precision"), ("--model.train_precision", "model.train_precision")],
-)
-def test_cli_bf16_under_simulated_avx2_stops_before_loading(tmp_path: Path, flag: str, key: str) -> None:
-    """The run stops in the config check, before any model is read (the model path does not even exist)."""
-    value = "bfloat16" if key == "inference.precision" else "bf16-mixed"
+# (command, flag, value, extra args): each command that builds a model on this machine
+BF16_COMMANDS = [
+    ("rl", "inference.precision", "bfloat16", ()),
+    ("rl", "model.train_precision", "bf16-mixed", ()),
+    ("eval", "inference.precision", "bfloat16", ()),
+    ("sft", "model.train_precision", "bf16-mixed", ()),
+    ("inference", "inference.precision", "bfloat16", ("--server.port", "0")),
+]
+
+
+@pytest.mark.parametrize(("command", "key", "value", "extra"), BF16_COMMANDS)
+def test_cli_bf16_under_simulated_avx2_stops_at_assembly(
+    tmp_path: Path, command: str, key: str, value: str, extra: tuple[str, ...]
+) -> None:
+    """The config validates (--dry-run prints it); the command stops at assembly with the one line and exit 1,
+    before anything is written or any model read (the model path does not even exist)."""
+    args = [command, "--model.path", str(tmp_path / "no-such-model"), f"--{key}", value, *extra]
+    if command != "inference":
+        args += ["--output_dir", str(tmp_path / "runs")]
+    dry = run_thermik(*args, "--dry-run", THERMIK_CPU_ISA="avx2")
+    assert dry.returncode == 0, dry.stderr
+    assert f'{key.split(".")[1]} = "{value}"' in dry.stdout
     start = time.monotonic()
-    res = run_thermik(
-        "rl", "--model.path", str(tmp_path / "no-such-model"), f"--{key}", value, "--output_dir", str(tmp_path),
-        THERMIK_CPU_ISA="avx2",
-    )  # fmt: skip
-    assert res.returncode != 0
-    assert f"{key} = '{value}' needs a CPU whose bfloat16 operations run" in res.stderr
+    res = run_thermik(*args, THERMIK_CPU_ISA="avx2")
+    assert res.returncode == 1, res.stderr
+    line = f"thermik {command}: {key} = '{value}' needs a CPU whose bfloat16 operations run"
+    assert res.stderr.startswith(line) and res.stderr.count("\n") == 1, res.stderr
     assert "lacks avx512f" in res.stderr and "'auto' (float32 on this CPU)" in res.stderr
-    assert "Traceback" not in res.stderr and not (tmp_path / "calculator").exists()
+    assert list(tmp_path.iterdir()) == []
     assert time.monotonic() - start < 60  # the interpreter's start-up; the check itself takes milliseconds
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_a_device_this_machine_lacks_stops_at_assembly(tmp_path: Path) -> None:
+    """model.device = 'cuda' validates anywhere; on a machine without CUDA the run stops at assembly, one line."""
+    res = run_thermik("rl", "--model.device", "cuda", "--output_dir", str(tmp_path))
+    assert res.returncode == 1
+    assert (
+        res.stderr
+        == "thermik rl: model.device = 'cuda' but this machine has no CUDA device: set model.device = 'cpu'\n"
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_engine_refuses_bf16_precision_and_runs_bf16_weights_unpacked(simulate) -> None:

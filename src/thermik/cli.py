@@ -29,7 +29,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from thermik.config import ConfigError, dump_toml, format_help, load_config, wants_help
+from thermik.config import ConfigError, dump_toml, format_help, help_topic, load_config
+from thermik.config.help import chooser_of
 from thermik.config.modes import check_options, run_mode
 from thermik.config.schema import EvalRunConfig, LLMGeneratorConfig, RunConfig, ServeConfig, SFTConfig
 from thermik.errors import ThermikError
@@ -44,9 +45,11 @@ def _run_configured(
     split: bool | None = None,
 ) -> int:
     """`split`: a `thermik rl` config, run split (True) or not (False): options its mode does not run are refused."""
-    if wants_help(argv):
-        print(f"usage: thermik {prog} [@ FILE.toml ...] [--section.key VALUE ...] [--dry-run]\n")
-        print(format_help(model_cls))
+    topic, rest = help_topic(argv)
+    if topic is not None:
+        text = format_help(model_cls, topic, chooser_of(_help_config(model_cls, rest, shared_with)), prog)
+        print(f"usage: thermik {prog} [@ FILE.toml ...] [--section.key VALUE ...] [--dry-run] [--help [SECTION]]\n")
+        print(text)
         return 0
     dry_run = "--dry-run" in argv
     try:
@@ -67,6 +70,15 @@ def _run_configured(
         print(f"thermik {prog}: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _help_config(model_cls: type[BaseModel], argv: list[str], shared_with: type[BaseModel] | None) -> BaseModel | None:
+    """The config the arguments given with --help resolve to (its variants are the ones help shows); None (the
+    defaults) when they do not resolve: the run itself then says why."""
+    try:
+        return load_config(model_cls, [a for a in argv if a != "--dry-run"], shared_with=shared_with)
+    except ThermikError:
+        return None
 
 
 def _cmd_rl(cfg: RunConfig) -> None:
@@ -123,6 +135,9 @@ def _missing_extra(command: str, extra: str, error: ImportError) -> ImportError:
 
 
 def _cmd_inference(cfg: ServeConfig) -> None:
+    from thermik.assembly.hardware import check_hardware
+
+    check_hardware(cfg.model, cfg.inference, training=False)  # before the port is taken or the model read
     try:
         from thermik.inference.server import app  # noqa: F401  (fastapi: the 'serve' extra)
         from thermik.inference.server.run import serve
@@ -132,6 +147,9 @@ def _cmd_inference(cfg: ServeConfig) -> None:
 
 
 def _cmd_tinker(cfg: Any) -> None:
+    from thermik.assembly.hardware import check_hardware
+
+    check_hardware(cfg.model)
     try:
         from thermik.tinker import app  # noqa: F401  (the tinker SDK, fastapi: the 'tinker' extra)
         from thermik.tinker.run import serve

@@ -1,6 +1,7 @@
 """thermik.config: typed, frozen config models and their loader (no torch import here)."""
 
-from thermik.config.loader import ENV_PREFIX, ConfigError, dump_toml, format_help, load_config, wants_help
+from thermik.config.help import format_help, help_topic
+from thermik.config.loader import ENV_PREFIX, ConfigError, dump_toml, load_config
 from thermik.config.schema import (
     AlgorithmConfig,
     CheckpointConfig,
@@ -39,6 +40,6 @@ __all__ = [
     "TrainerConfig",
     "dump_toml",
     "format_help",
+    "help_topic",
     "load_config",
-    "wants_help",
 ]

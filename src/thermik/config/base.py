@@ -6,8 +6,6 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
-from thermik.cpu.isa import check_bf16
-
 
 def regex_checked(pattern: str) -> str:
     """`pattern` if it compiles as a Python regular expression, else a ValueError naming the problem."""
@@ -19,10 +17,9 @@ def regex_checked(pattern: str) -> str:
 
 
 def check_engine_precision(precision: str, device: str) -> None:
-    """Refuse an `inference.precision` the device cannot run: bfloat16 on a CPU without bfloat16 arithmetic, and the
-    packed-weight formats (thermik's C kernels, CPU-only) on any other device."""
-    if precision == "bfloat16":
-        check_bf16("inference.precision", precision, device)
+    """Refuse an `inference.precision` no device of model.device's kind can run: the packed-weight formats (thermik's
+    C kernels, CPU-only) on a GPU. Whether this machine's CPU runs bfloat16 is not asked here (a config validates
+    the same on every machine): run assembly asks it (thermik.assembly.hardware)."""
     if precision in ("bf16-weights", "int8") and not device.startswith("cpu"):
         raise ValueError(
             f"inference.precision = {precision!r} packs the weights for thermik's CPU kernels; model.device is "

@@ -11,10 +11,7 @@ only the standard library and pydantic: it must stay fast and never pull in torc
 from __future__ import annotations
 
 import difflib
-import json
-import math
 import os
-import re
 import tomllib
 import types
 from collections.abc import Mapping
@@ -25,8 +22,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
+from thermik.config.surface import default_of, section_model, toml_key, toml_value, variants
 from thermik.config.upgrade import pointer
-from thermik.config.variants import variant_models
 from thermik.errors import ThermikError
 
 M = TypeVar("M", bound=BaseModel)
@@ -35,8 +32,6 @@ ENV_PREFIX = "THERMIK_"
 # THERMIK_* switches read at run time, not config keys: the CPU kernels (cpu/kernels.py), the simulated CPU
 # (cpu/isa.py), "auto" pinned to float32 (cpu/precision.py) and tracebacks for user errors (cli.py, `--debug`).
 RUNTIME_VARIABLES = frozenset({"THERMIK_CPU_KERNELS", "THERMIK_CPU_ISA", "THERMIK_AUTO_PRECISION", "THERMIK_DEBUG"})
-_HELP_FLAGS = ("-h", "--help")
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 class ConfigError(ThermikError, ValueError):
@@ -49,15 +44,16 @@ class ConfigError(ThermikError, ValueError):
 # Model introspection
 
 
-def _section_model(annotation: Any) -> type[BaseModel] | None:
-    """The BaseModel a field nests (also through `X | None`), or None for a leaf."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if get_origin(annotation) in (Union, types.UnionType):
-        models = [m for m in (_section_model(a) for a in get_args(annotation)) if m is not None]
-        if len(models) == 1:
-            return models[0]
-    return None
+def _children(field: FieldInfo) -> dict[str, FieldInfo] | None:
+    """The keys under a section field: its model's fields, or every variant's of a discriminated union (the chosen
+    variant's own check is pydantic's); None for a leaf."""
+    sub = section_model(field.annotation)
+    if sub is not None:
+        return dict(sub.model_fields)
+    union = variants(field)
+    if union is None:
+        return None
+    return {name: f for model in union[1].values() for name, f in model.model_fields.items()}
 
 
 def _is_string_field(annotation: Any) -> bool:
@@ -71,19 +67,6 @@ def _is_string_field(annotation: Any) -> bool:
         args = [a for a in get_args(annotation) if a is not type(None)]
         return bool(args) and all(_is_string_field(a) for a in args)
     return False
-
-
-def _sub_fields(annotation: Any) -> dict[str, FieldInfo] | None:
-    """The keys a field's value may hold: a section's fields, every variant's fields for a section with variants
-    (which variant allows which is checked once the whole config is merged), None for a leaf."""
-    models = variant_models(annotation)
-    if models:
-        merged: dict[str, FieldInfo] = {}
-        for model in models.values():
-            merged.update({k: v for k, v in model.model_fields.items() if k not in merged})
-        return merged
-    sub = _section_model(annotation)
-    return None if sub is None else dict(sub.model_fields)
 
 
 def _moved(full: str, source: str) -> ConfigError | None:
@@ -107,25 +90,25 @@ def _unknown_key(fields: Mapping[str, FieldInfo], prefix: str, key: str, source:
     hint = f" Did you mean {', '.join(repr(prefix + c) for c in close)}?" if close else ""
     return ConfigError(
         f"unknown config key '{full}' (from {source}).{hint} Valid keys in {where}: {', '.join(names)}. "
-        "Run with --help to list every key."
+        f"`--help{' ' + prefix[:-1] if prefix else ''}` lists them with their defaults."
     )
 
 
 def _resolve_path(model_cls: type[BaseModel], path: list[str], source: str) -> Any:
     """Check a dotted path against the model; return the annotation of its leaf field."""
-    current: dict[str, FieldInfo] | None = dict(model_cls.model_fields)
+    current: Mapping[str, FieldInfo] | None = model_cls.model_fields
     prefix = ""
     annotation: Any = None
     for i, key in enumerate(path):
         if current is None:
-            raise _moved(prefix[:-1], source) or ConfigError(
+            raise ConfigError(
                 f"'{prefix[:-1]}' is a value, not a section: '{'.'.join(path)}' is not a config key (from {source})."
             )
         field = current.get(key)
         if field is None:
             raise _unknown_key(current, prefix, key, source)
         annotation = field.annotation
-        current = _sub_fields(annotation)
+        current = _children(field)
         prefix += key + "."
         if i == len(path) - 1 and current is not None:
             raise _moved(".".join(path), source) or ConfigError(
@@ -136,48 +119,18 @@ def _resolve_path(model_cls: type[BaseModel], path: list[str], source: str) -> A
 
 
 def _check_table(fields: Mapping[str, FieldInfo], table: Mapping[str, Any], prefix: str, source: str) -> None:
-    """Check every key of a (TOML) table against a section's fields, recursing into sections."""
+    """Check every key of a (TOML) table against the model's fields, recursing into sections."""
     for key, value in table.items():
         field = fields.get(key)
         if field is None:
             raise _unknown_key(fields, prefix, key, source)
-        sub = _sub_fields(field.annotation)
+        sub = _children(field)
         if sub is not None and isinstance(value, Mapping):
             _check_table(sub, value, f"{prefix}{key}.", source)
         elif sub is not None:
             moved = _moved(f"{prefix}{key}", source)
             if moved is not None:
                 raise moved
-
-
-def _check_variants(
-    model_cls: type[BaseModel], tree: Mapping[str, Any], prefix: str, sources: Mapping[str, str]
-) -> None:
-    """Each section with variants holds only the keys of the variant its `type` picks (or its default)."""
-    for key, value in tree.items():
-        field = model_cls.model_fields.get(key)
-        if field is None or not isinstance(value, Mapping):
-            continue
-        models = variant_models(field.annotation)
-        section = f"{prefix}{key}"
-        if not models:
-            sub = _section_model(field.annotation)
-            if sub is not None:
-                _check_variants(sub, value, f"{section}.", sources)
-            continue
-        chosen = str(value.get("type", getattr(field.get_default(call_default_factory=True), "type", "")))
-        model = models.get(chosen)
-        if model is None:
-            raise ConfigError(
-                f"{section}.type = {chosen!r} (from {sources.get(section + '.type', 'the default')}) is not one of: "
-                f"{', '.join(models)}."
-            )
-        for name in value:
-            if name not in model.model_fields:
-                raise ConfigError(
-                    f"'{section}.{name}' (from {sources.get(f'{section}.{name}', 'a file')}) is not a key of "
-                    f"{section}.type = {chosen!r}; its keys: {', '.join(model.model_fields)}."
-                )
 
 
 # ---------------------------------------------------------------------------------------
@@ -276,25 +229,70 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[list[str], str, str]]:
     return out
 
 
-def _validation_error(e: ValidationError, sources: Mapping[str, str]) -> ConfigError:
+def _fill_variants(model_cls: type[BaseModel], tree: dict[str, Any], sources: Mapping[str, str], prefix: str) -> None:
+    """Give each variant section of `tree` its tag (the default variant's where no source names one) and refuse a key
+    of another variant, naming the variant that has it: pydantic would say only 'Extra inputs are not permitted'."""
+    default = default_of(model_cls)
+    for key, value in tree.items():
+        field = model_cls.model_fields.get(key)
+        if field is None or not isinstance(value, dict):
+            continue
+        sub, union = section_model(field.annotation), variants(field)
+        if sub is not None:
+            _fill_variants(sub, value, sources, f"{prefix}{key}.")
+        if union is None:
+            continue
+        tag, models = union
+        chosen = value.setdefault(tag, getattr(getattr(default, key, None), tag, next(iter(models))))
+        model = models.get(str(chosen))
+        if model is None:
+            continue  # pydantic names the valid tags
+        for name in value:
+            if name not in model.model_fields:
+                owner = next(t for t, m in models.items() if name in m.model_fields)
+                path = f"{prefix}{key}"
+                raise ConfigError(
+                    f"'{path}.{name}' is a key of {path}.{tag} = {owner!r}, not of {path}.{tag} = {chosen!r} (from "
+                    f"{sources.get(f'{path}.{name}', 'a source')}): set {path}.{tag} = {owner!r} or drop the key; "
+                    f"the keys of {chosen!r}: {', '.join(k for k in model.model_fields if k != tag)}."
+                )
+        _fill_variants(model, value, sources, f"{prefix}{key}.")
+
+
+def _dotted(model_cls: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """An error location as the user's dotted key: pydantic puts a variant's tag between its section and its keys."""
+    parts: list[str] = []
+    fields: Mapping[str, FieldInfo] | None = model_cls.model_fields
+    skip_tag = False
+    for part in loc:
+        if skip_tag and isinstance(part, str):
+            skip_tag = False
+            continue
+        parts.append(str(part))
+        field = fields.get(str(part)) if fields else None
+        fields = _children(field) if field is not None else None
+        skip_tag = field is not None and variants(field) is not None
+    return ".".join(parts)
+
+
+def _validation_error(e: ValidationError, sources: Mapping[str, str], model_cls: type[BaseModel]) -> ConfigError:
     lines = []
     for err in e.errors():
-        key = ".".join(str(p) for p in err["loc"])
+        key, got = _dotted(model_cls, err["loc"]), err["input"]
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "union_tag_invalid":  # name the variant key as the user set it, and its choices
+            tag = str(err["ctx"]["discriminator"]).strip(chr(39))
+            key, got = f"{key}.{'type' if tag.endswith('()') else tag}", err["ctx"]["tag"]
+            msg = msg.replace(f" found using {tag}", "")  # a callable discriminator (config/variants.py)
         if key:
             leaf = key
             while leaf and leaf not in sources and "." in leaf:
                 leaf = leaf.rsplit(".", 1)[0]
             src = f", from {sources[leaf]}" if leaf in sources else ""
-            lines.append(f"{key}: {msg} (got {err['input']!r}{src})")
+            lines.append(f"{key}: {msg} (got {got!r}{src})")
         else:
             lines.append(msg)
     return ConfigError("invalid config:\n  " + "\n  ".join(lines))
-
-
-def wants_help(argv: list[str]) -> bool:
-    """True when the user asked for `--help` / `-h`."""
-    return any(a in _HELP_FLAGS for a in argv)
 
 
 def _own_keys(
@@ -341,113 +339,22 @@ def load_config(
         annotation = _resolve_path(model_cls, path, source)
         _set_path(tree, path, _parse_value(raw, annotation))
         sources[".".join(path)] = source
-    _check_variants(model_cls, tree, "", sources)
+    _fill_variants(model_cls, tree, sources, "")
     try:
         return model_cls.model_validate(tree)
     except ValidationError as e:
-        raise _validation_error(e, sources) from None
-
-
-# ---------------------------------------------------------------------------------------
-# Help
-
-
-def _type_name(annotation: Any) -> str:
-    origin = get_origin(annotation)
-    if origin is Literal:
-        return "{" + ",".join(str(a) for a in get_args(annotation)) + "}"
-    if origin is not None:
-        args = get_args(annotation)
-        if origin in (Union, types.UnionType):
-            return " | ".join(_type_name(a) for a in args)
-        name = getattr(origin, "__name__", str(origin))
-        return f"{name}[{', '.join(_type_name(a) for a in args)}]"
-    if annotation is type(None):
-        return "None"
-    return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))
-
-
-def _defaults(model_cls: type[BaseModel]) -> BaseModel | None:
-    try:
-        return model_cls()
-    except ValidationError:
-        return None
-
-
-def _help_lines(
-    model_cls: type[BaseModel],
-    default: BaseModel | None,
-    prefix: str,
-    out: dict[str, list[str]],
-    skip: tuple[str, ...] = (),
-) -> None:
-    section = prefix[:-1] or "general"
-    for name, field in model_cls.model_fields.items():
-        if name in skip:
-            continue
-        value = getattr(default, name) if default is not None else field.get_default(call_default_factory=True)
-        models = variant_models(field.annotation)
-        if models and isinstance(value, BaseModel):  # the type's choices, then the chosen variant's knobs
-            knobs = f"{prefix}{name}."
-            out.setdefault(knobs[:-1], []).append(
-                f"  --{knobs}type  {{{','.join(models)}}}  default={_toml_value(value.type)}  {field.description or ''}"
-            )
-            _help_lines(type(value), value, knobs, out, skip=("type",))
-            continue
-        sub = _section_model(field.annotation)
-        if sub is not None:
-            _help_lines(sub, value if isinstance(value, BaseModel) else None, f"{prefix}{name}.", out)
-            continue
-        shown = "required" if field.is_required() and default is None else f"default={_toml_value(value)}"
-        desc = field.description or ""
-        out.setdefault(section, []).append(f"  --{prefix}{name}  {_type_name(field.annotation)}  {shown}  {desc}")
-
-
-def format_help(model_cls: type[BaseModel]) -> str:
-    """Every field, recursively, as `--section.key  TYPE  default=...  description`, by section."""
-    groups: dict[str, list[str]] = {}
-    _help_lines(model_cls, _defaults(model_cls), "", groups)
-    doc = (model_cls.__doc__ or model_cls.__name__).strip().splitlines()[0]
-    parts = [
-        doc,
-        "",
-        "Usage: [@ FILE.toml ...] [--section.key VALUE ...]   (precedence: defaults < files < "
-        f"{ENV_PREFIX}SECTION__KEY env < flags)",
-    ]
-    for section, lines in groups.items():
-        parts += ["", f"[{section}]", *lines]
-    return "\n".join(parts) + "\n"
+        raise _validation_error(e, sources, model_cls) from None
 
 
 # ---------------------------------------------------------------------------------------
 # TOML writer (stdlib has a reader only)
 
 
-def _toml_key(key: str) -> str:
-    return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
-
-
 def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str | Path):
-        return json.dumps(str(value), ensure_ascii=False)  # JSON string escapes are valid TOML basic strings
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        items = ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items() if v is not None)
-        return "{" + items + "}"
-    if value is None:
-        return "None"  # only shown in help; dump_toml omits None keys
-    raise ConfigError(f"cannot write {type(value).__name__} value {value!r} as TOML")
+    try:
+        return toml_value(value)
+    except TypeError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _write_section(model: BaseModel, name: str, out: list[str]) -> None:
@@ -456,10 +363,10 @@ def _write_section(model: BaseModel, name: str, out: list[str]) -> None:
     scalars = [(k, v) for k, v in fields if not isinstance(v, BaseModel) and v is not None]
     if name and scalars:
         out.append(f"\n[{name}]")
-    out.extend(f"{_toml_key(k)} = {_toml_value(to_jsonable_python(v))}" for k, v in scalars)
+    out.extend(f"{toml_key(k)} = {_toml_value(to_jsonable_python(v))}" for k, v in scalars)
     for key, sub in fields:
         if isinstance(sub, BaseModel):
-            _write_section(sub, f"{name}.{_toml_key(key)}" if name else _toml_key(key), out)
+            _write_section(sub, f"{name}.{toml_key(key)}" if name else toml_key(key), out)
 
 
 def dump_table(table: Mapping[str, Any]) -> str:
@@ -470,10 +377,10 @@ def dump_table(table: Mapping[str, Any]) -> str:
         scalars = [(k, v) for k, v in node.items() if not isinstance(v, Mapping)]
         if name and scalars:
             out.append(f"\n[{name}]")
-        out.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in scalars)
+        out.extend(f"{toml_key(k)} = {_toml_value(v)}" for k, v in scalars)
         for key, sub in node.items():
             if isinstance(sub, Mapping):
-                write(sub, f"{name}.{_toml_key(key)}" if name else _toml_key(key))
+                write(sub, f"{name}.{toml_key(key)}" if name else toml_key(key))
 
     write(table, "")
     return "\n".join(out).lstrip("\n") + "\n"
@@ -489,13 +396,4 @@ def dump_toml(cfg: BaseModel) -> str:
     return "\n".join(out).lstrip("\n") + "\n"
 
 
-__all__ = [
-    "ENV_PREFIX",
-    "ConfigError",
-    "dump_table",
-    "dump_toml",
-    "format_help",
-    "load_config",
-    "read_toml",
-    "wants_help",
-]
+__all__ = ["ENV_PREFIX", "ConfigError", "dump_table", "dump_toml", "load_config", "read_toml"]

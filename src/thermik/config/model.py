@@ -7,7 +7,6 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from thermik.config.base import Section
-from thermik.cpu.isa import check_bf16
 
 
 class ModelConfig(Section):
@@ -42,9 +41,7 @@ class ModelConfig(Section):
                 f"model.train_precision {self.train_precision!r} keeps float32 master weights: set model.dtype "
                 f"'float32' (got {self.dtype!r}), or train_precision 'float32' to train in {self.dtype} directly"
             )
-        if self.train_precision == "bf16-mixed":
-            check_bf16("model.train_precision", self.train_precision, self.device)
-        return self
+        return self  # whether this machine runs bf16-mixed is asked at run assembly (thermik.assembly.hardware)
 
 
 class SamplingConfig(Section):

@@ -166,16 +166,24 @@ def torch_environment(level: str | None = None) -> dict[str, str]:
     return dict(TORCH_ENV.get(level, {})) if level else {}
 
 
-def check_bf16(key: str, value: str, device: str) -> None:
-    """Refuse `key = value` (a bfloat16 precision) on a CPU whose bfloat16 ops cannot run, naming what is missing and
-    what to set instead. Config validation calls it, so the run stops before any model is loaded."""
+def bf16_refusal(key: str, value: str, device: str) -> str | None:
+    """Why `key = value` (a bfloat16 precision) cannot run on this CPU, naming what is missing and what to set
+    instead; None where it can (or where `device` is not the CPU). Run assembly (thermik.assembly.hardware) asks it
+    before any work is done, so a config validates the same on every machine and fails on the one that runs it."""
     if not device.startswith("cpu"):
-        return
+        return None
     caps = capabilities()
     if caps.bf16_runs:
-        return
-    raise ValueError(
+        return None
+    return (
         f"{key} = {value!r} needs a CPU whose bfloat16 operations run: AVX512 (avx512f, avx512bw, avx512vl, "
         f"avx512dq) or AVX-NE-CONVERT; this CPU is {caps.describe()} and lacks {caps.missing_for('avx512')}. "
         f"Set {key} = 'auto' (float32 on this CPU) or 'float32'."
     )
+
+
+def check_bf16(key: str, value: str, device: str) -> None:
+    """`bf16_refusal` as a ValueError, for a library caller that skips run assembly (the embedded engine)."""
+    refusal = bf16_refusal(key, value, device)
+    if refusal is not None:
+        raise ValueError(refusal)

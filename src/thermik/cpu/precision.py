@@ -6,8 +6,8 @@ precision): it maps a configured name to a torch dtype and a reason that names w
 "inference.precision = 'auto' and the CPU is avx512_bf16 (x86_64): native bfloat16 dot products":
 
 - "model": whatever dtype the model was loaded in;
-- "float32" / "bfloat16": that dtype (bfloat16 on a CPU whose bfloat16 ops cannot run is refused when the config is
-  validated: `isa.check_bf16`);
+- "float32" / "bfloat16": that dtype (bfloat16 on a CPU whose bfloat16 ops cannot run is refused when the run is
+  assembled: `isa.bf16_refusal`);
 - "bf16-weights" / "int8": a float32 model whose projections run on weights packed as bfloat16 (float32 arithmetic)
   or as int8 (weight-only, per-group scales, integer products): cpu/gemm.py, docs/inference.md;
 - "auto" (the default): bfloat16 on a CPU with native bfloat16 dot products (AVX512-BF16 or AMX: `isa.py`), float32
@@ -79,7 +79,7 @@ def resolve_precision(
     if name in PACKED_PRECISIONS:
         return torch.float32, f"{asked}: float32 activations, {name} projection weights"
     if name == "bfloat16" and device.type == "cpu":
-        check_bf16("inference.precision", name, "cpu")  # a library caller skips the config's check
+        check_bf16("inference.precision", name, "cpu")  # a library caller skips run assembly's check
         if not capabilities().bf16_native:
             return torch.bfloat16, f"{asked}; without avx512_bf16 or amx it is slower than float32"
     if name != "auto":

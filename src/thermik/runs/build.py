@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from thermik.assembly import components
+from thermik.assembly.hardware import check_hardware
 from thermik.atomic import writable_dir
 from thermik.config.schema import RunConfig, SFTConfig
 from thermik.data.chat_tokenizer import ChatTokenizer
@@ -78,7 +79,8 @@ def open_run(
     tokenizer, when the policy lives on other processes) and the metrics logger. `lora`: wrap the policy with the
     configured LoRA adapters (training does; evaluating model.path does not). `training`: a run that may resume,
     checked against its saved config first, whose config.toml `Run.accept` writes once set up; otherwise (an
-    evaluation) config.toml is written now."""
+    evaluation) config.toml is written now. What this machine cannot run stops it first (assembly/hardware.py)."""
+    check_hardware(cfg.model if load_policy else None, getattr(cfg, "inference", None), training=training)
     out_dir = out_dir or cfg.run_dir
     changes = check_resume(cfg, out_dir) if training else []  # before anything is touched
     components.seed_everything(cfg.seed)

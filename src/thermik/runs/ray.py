@@ -18,6 +18,7 @@ from typing import Any
 
 from thermik.assembly import components
 from thermik.assembly.guards import ConsistencyGuards
+from thermik.assembly.hardware import check_hardware
 from thermik.config.schema import RunConfig
 from thermik.distributed.launch import DistributedRun, start
 from thermik.rollout.context import RolloutContext, evaluate_held_out
@@ -101,6 +102,8 @@ def setup(cfg: RunConfig, dist: DistributedRun) -> RayMode:
 
 async def train(cfg: RunConfig) -> dict[str, Any]:
     check_resume(cfg)  # a refused resume (another config, FSDP2) before Ray starts
+    if not cfg.distributed.ray_address:  # a local Ray: the actors run on this machine (a cluster's are not asked)
+        check_hardware(cfg.model, cfg.inference)
     dist = start(cfg)
     mode = None
     try:
