@@ -134,7 +134,7 @@ def test_parked_sessions_are_evicted_and_re_prefilled_with_the_same_tokens(qwen:
     watch.assert_within(80 * BYTES_PER_POSITION)
     # Ten parked episodes do not fit in 80 positions: evicted ones prefilled their whole history again.
     assert budgeted.num_prefill_tokens > unbounded.num_prefill_tokens
-    assert len(budgeted._slots) < 10
+    assert len(budgeted.scheduler.slots) < 10
 
 
 def test_an_evicted_session_resumes_by_re_prefilling(qwen: PreTrainedModel) -> None:
