@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 
 from tests.test_embedded_engine import PROMPTS, hf_greedy, make_engine, tiny_model
 from thermik.config.schema import InferenceConfig, ModelConfig
-from thermik.inference.base import SamplingParams
+from thermik.inference.base import InProcessKVCache, SamplingParams
 from thermik.inference.embedded import EmbeddedEngine
 from thermik.inference.kv_cache import KVCacheBudgetError, SlotKVCache, available_memory_bytes, default_budget_bytes
 
@@ -267,7 +267,7 @@ PARKED_SESSIONS = """
 import asyncio, json, sys
 import psutil, torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from thermik.inference.base import SamplingParams
+from thermik.inference.base import InProcessKVCache, SamplingParams
 from thermik.inference.embedded import EmbeddedEngine
 
 torch.manual_seed(0)
@@ -335,6 +335,7 @@ def test_a_weight_update_gives_the_idle_cache_back_and_the_next_rollout_regrows_
 def test_released_idle_cache_is_regrown_by_the_next_requests(qwen: PreTrainedModel) -> None:
     """`release_idle_cache` (a synchronous step's sampling is over) frees the cache without touching the weights."""
     engine = make_engine(qwen, kv_cache_gb=math.inf)
+    assert isinstance(engine, InProcessKVCache)  # what runs/step.py tests before calling it, and runs/build.py too
     params = [SamplingParams(max_tokens=24, temperature=1.0, seed=k) for k in range(len(PROMPTS))]
     first = engine.generate_batch(PROMPTS, params)
     grown = engine.scheduler.cache.nbytes
