@@ -24,7 +24,7 @@ import torch
 from cpu_peak import add_clock_argument, now, set_clock
 from transformers import AutoModelForCausalLM
 
-import thermik.inference.embedded as embedded_module
+import thermik.inference.embedded.records as records_module
 from thermik.cpu.precision import PRECISIONS
 from thermik.inference.base import SamplingParams
 from thermik.inference.embedded import embedded_engine
@@ -67,15 +67,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     totals: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter = collections.Counter()
-    wrap(engine, "_decode_step", "decode step", totals, calls)
+    wrap(engine.decoder, "step", "decode step", totals, calls)
     wrap(engine.native, "forward", "forward", totals, calls)
-    wrap(engine, "_sample_and_record", "sample+record", totals, calls)
+    wrap(engine.records, "record", "sample+record", totals, calls)
     for layer in engine.native.layers:
         for projection in layer.projections():
             wrap(projection, "fused", "projections", totals, calls)
     wrap(engine.native.lm_head, "fused", "lm head", totals, calls)
     for name in ("fused_sample", "process_logits", "sample", "token_logprobs"):
-        wrap(embedded_module, name, name, totals, calls)
+        wrap(records_module, name, name, totals, calls)
     if engine.native.kernels is not None:
         for name, key in (("decode_attention", "attention"), ("rope_store", "rope+store"), ("rms_norm", "rms norm")):
             wrap(engine.native.kernels, name, key, totals, calls)

@@ -412,7 +412,7 @@ def parity(model: PreTrainedModel, args: argparse.Namespace) -> None:
     gens, seconds = {}, {}
     for mode in ("auto", "eager", "off"):
         engine = make_engine(model, args.precision, args.batch, mode)
-        engine.reuse_prefixes = False  # every run prefills its prompts: the timed runs do the same work
+        engine.prefill.reuse_prefixes = False  # every run prefills its prompts: the timed runs do the same work
         engine.generate_batch(prompt_ids, params)  # warm-up (captures the graphs)
         synchronize()
         t0 = now()

@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import thermik.inference.embedded as embedded
+import thermik.inference.embedded.records as records
 from thermik.inference.base import SamplingParams
 from thermik.inference.sampling import sample
 
@@ -70,24 +71,24 @@ def compare(logits: torch.Tensor, per_row: bool, rounds: int, calls: int) -> tup
 
 
 def engine_run(engine: embedded.EmbeddedEngine, sampler: Callable, batch: int, tokens: int) -> tuple[float, float]:
-    """ms per decode step of one seeded batch, and ms per step inside `_sample_and_record`, with `sampler`."""
+    """ms per decode step of one seeded batch, and ms per step inside `SampleRecorder.record`, with `sampler`."""
     spent = []
-    record = type(engine)._sample_and_record
+    record = engine.records.record
 
-    def timed(indices: list[int], logits: torch.Tensor) -> None:
+    def timed(slots: list, logits: torch.Tensor) -> None:
         t0 = time.perf_counter()
-        record(engine, indices, logits)
+        record(slots, logits)
         spent.append(time.perf_counter() - t0)
 
-    engine._sample_and_record, embedded.sample = timed, sampler
+    engine.records.record, records.sample = timed, sampler
     params = [SamplingParams(max_tokens=tokens, temperature=1.0, seed=i) for i in range(batch)]
     try:
         t0 = time.perf_counter()
         engine.generate_batch([[1, 2, 3, 4 + i] for i in range(batch)], params)
         wall = time.perf_counter() - t0
     finally:
-        embedded.sample = sample
-        del engine._sample_and_record
+        records.sample = sample
+        del engine.records.record
     return wall / tokens * 1e3, statistics.median(spent[1:]) * 1e3
 
 

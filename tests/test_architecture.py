@@ -127,3 +127,35 @@ def test_one_rl_step_core() -> None:
     for mode in ("local", "ray", "split_trainer", "split_orchestrator"):
         source = (SRC / "runs" / f"{mode}.py").read_text()
         assert "rl_step(self, step)" in source, mode
+
+
+MAX_CLASS_METHODS = 20
+MAX_ENGINE_FILE_LINES = 400
+
+
+def test_no_class_has_more_methods_than_the_budget() -> None:
+    """A class with more jobs than a reader holds at once is split along them (as the embedded engine is)."""
+    large = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                methods = [m for m in node.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)]
+                if len(methods) > MAX_CLASS_METHODS:
+                    large.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({len(methods)} methods)")
+    assert large == []
+
+
+def test_the_embedded_engine_is_small_files() -> None:
+    long = [
+        f"{path.relative_to(ROOT)} ({n} lines)"
+        for path in sorted((SRC / "inference" / "embedded").glob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_ENGINE_FILE_LINES
+    ]
+    assert long == []
+
+
+def test_the_step_core_and_the_run_builder_reach_engines_through_the_interface() -> None:
+    """runs/step.py (every mode's step) and runs/build.py (every mode's parts) know `inference.base` only."""
+    for name in ("step.py", "build.py"):
+        imported = {m for m in _thermik_imports(SRC / "runs" / name) if m.startswith("inference")}
+        assert {m for m in imported if not m.startswith("inference.base")} == set(), name

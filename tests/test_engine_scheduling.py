@@ -107,11 +107,11 @@ def test_ended_sessions_free_their_slots(qwen: PreTrainedModel) -> None:
         await asyncio.gather(*(one(k) for k in range(4)))
 
     asyncio.run(episodes("a", end=True))
-    assert len(engine._slots) == 4
+    assert len(engine.scheduler.slots) == 4
     asyncio.run(episodes("b", end=False))  # reuses a's four slots, then parks its sessions
-    assert len(engine._slots) == 4
+    assert len(engine.scheduler.slots) == 4
     asyncio.run(episodes("c", end=True))  # b's sessions still hold theirs
-    assert len(engine._slots) == 8
+    assert len(engine.scheduler.slots) == 8
 
 
 def test_prompt_extending_a_finished_sequence_reuses_its_cache(qwen: PreTrainedModel) -> None:

@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 
 from tests.test_embedded_engine import PROMPTS, hf_greedy, make_engine, tiny_model
 from thermik.config.schema import InferenceConfig, ModelConfig
-from thermik.inference.base import SamplingParams
+from thermik.inference.base import InProcessKVCache, SamplingParams
 from thermik.inference.embedded import EmbeddedEngine
 from thermik.inference.kv_cache import KVCacheBudgetError, SlotKVCache, available_memory_bytes, default_budget_bytes
 
@@ -30,22 +30,22 @@ class Watch:
     """Records the cache's real size after every reallocation and the running rows of every decode step."""
 
     def __init__(self, engine: EmbeddedEngine) -> None:
-        self.engine, self.sizes, self.running = engine, [engine._cache.nbytes], [0]
-        cache, resize, decode = engine._cache, engine._cache.resize, engine._decode_step
+        self.engine, self.sizes, self.running = engine, [engine.scheduler.cache.nbytes], [0]
+        cache, resize, decode = engine.scheduler.cache, engine.scheduler.cache.resize, engine.decoder.step
 
         def watched_resize(*args: object) -> None:
             resize(*args)
             self.sizes.append(cache.nbytes)
 
         def watched_decode() -> None:
-            self.running.append(len(engine._running()))
+            self.running.append(len(engine.scheduler.running()))
             decode()
 
         cache.resize = watched_resize  # type: ignore[method-assign]
-        engine._decode_step = watched_decode  # type: ignore[method-assign]
+        engine.decoder.step = watched_decode  # type: ignore[method-assign]
 
     def assert_within(self, budget_bytes: int) -> None:
-        cache = self.engine._cache
+        cache = self.engine.scheduler.cache
         assert cache.budget_bytes == budget_bytes
         actual = sum(t.numel() * t.element_size() for t in (*cache.keys, *cache.values))
         assert actual == cache.nbytes
@@ -134,7 +134,7 @@ def test_parked_sessions_are_evicted_and_re_prefilled_with_the_same_tokens(qwen:
     watch.assert_within(80 * BYTES_PER_POSITION)
     # Ten parked episodes do not fit in 80 positions: evicted ones prefilled their whole history again.
     assert budgeted.num_prefill_tokens > unbounded.num_prefill_tokens
-    assert len(budgeted._slots) < 10
+    assert len(budgeted.scheduler.slots) < 10
 
 
 def test_an_evicted_session_resumes_by_re_prefilling(qwen: PreTrainedModel) -> None:
@@ -147,7 +147,7 @@ def test_an_evicted_session_resumes_by_re_prefilling(qwen: PreTrainedModel) -> N
         # Unrelated requests that need every slot: the parked session gives its slot up.
         others = [[220 + k, *PROMPTS[1]] for k in range(7)]  # 7 x (3 + 6) positions: 7 slots of 9
         await asyncio.to_thread(engine.generate_batch, others, [six] * 7)
-        assert "a" not in {s.session_id for s in engine._slots}
+        assert "a" not in {s.session_id for s in engine.scheduler.slots}
         before = engine.num_prefill_tokens
         second = await engine.generate(history, six, session_id="a")
         return history, engine.num_prefill_tokens - before, second.token_ids
@@ -161,7 +161,7 @@ def test_a_cache_length_left_by_a_long_request_shrinks_for_many_short_ones(qwen:
     engine = EmbeddedEngine(qwen, eos_token_ids=(), pad_token_id=0, kv_cache_gb=gib(256))
     watch = Watch(engine)
     engine.generate_batch([PROMPTS[0]], [SamplingParams(max_tokens=100, temperature=0.0)])
-    assert engine._cache.max_len >= 100  # room for two such slots at most
+    assert engine.scheduler.cache.max_len >= 100  # room for two such slots at most
     prompts = [[230 + k, *PROMPTS[2]] for k in range(8)]
     short = SamplingParams(max_tokens=10, temperature=0.0)
     gens = engine.generate_batch(prompts, [short] * 8)
@@ -176,14 +176,14 @@ def test_a_padded_prefill_that_would_outgrow_the_budget_runs_in_parts(qwen: PreT
     engine = EmbeddedEngine(qwen, eos_token_ids=(), pad_token_id=0, kv_cache_gb=gib(64))
     watch = Watch(engine)
     groups: list[int] = []
-    split = engine._prefill_groups
+    split = engine.prefill.groups
 
     def watched(rows: list) -> list:
         out = split(rows)
         groups.append(len(out))
         return out
 
-    engine._prefill_groups = watched  # type: ignore[method-assign]
+    engine.prefill.groups = watched  # type: ignore[method-assign]
     four = SamplingParams(max_tokens=4, temperature=0.0)
     session = [240 + k for k in range(20)]
     first = engine._submit([(session, four, "s")])[0].result()
@@ -219,7 +219,7 @@ def test_the_budget_flows_from_the_config_and_defaults_to_a_quarter_of_available
     for gb in (0.01, None, math.inf):
         engine = components.build_engine(policy, chat, InferenceConfig(kv_cache_gb=gb))
         try:
-            budget = engine._cache.budget_bytes
+            budget = engine.scheduler.cache.budget_bytes
             if gb is None:  # a quarter of what was available then (other processes move it a little)
                 assert budget is not None and abs(budget - available / 4) < available / 8, (budget, available)
             else:
@@ -258,7 +258,7 @@ def test_a_failed_admission_fails_its_requests_instead_of_losing_them(qwen: PreT
     def broken(*args: object) -> None:
         raise RuntimeError("no room")
 
-    engine._make_room = broken  # type: ignore[method-assign]
+    engine.scheduler.make_room = broken  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="no room"):
         asyncio.run(asyncio.wait_for(engine.generate(PROMPTS[0], SamplingParams(max_tokens=3)), timeout=30))
 
@@ -267,7 +267,7 @@ PARKED_SESSIONS = """
 import asyncio, json, sys
 import psutil, torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from thermik.inference.base import SamplingParams
+from thermik.inference.base import InProcessKVCache, SamplingParams
 from thermik.inference.embedded import EmbeddedEngine
 
 torch.manual_seed(0)
@@ -288,7 +288,7 @@ async def main():
         rss.append(proc.memory_info().rss - base)
 
 asyncio.run(main())
-print(json.dumps({"first": rss[0], "peak": max(rss), "cache": engine._cache.nbytes}))
+print(json.dumps({"first": rss[0], "peak": max(rss), "cache": engine.scheduler.cache.nbytes}))
 """
 
 
@@ -324,9 +324,9 @@ def test_a_weight_update_gives_the_idle_cache_back_and_the_next_rollout_regrows_
     engine = make_engine(qwen, kv_cache_gb=math.inf)
     params = [SamplingParams(max_tokens=24, temperature=1.0, seed=k) for k in range(len(PROMPTS))]
     first = engine.generate_batch(PROMPTS, params)
-    grown = engine._cache.nbytes
+    grown = engine.scheduler.cache.nbytes
     assert engine.update_weights_sync({k: v.clone() for k, v in qwen.state_dict().items()}) == 1
-    assert engine._slots == [] and engine._cache.nbytes < grown / 2
+    assert engine.scheduler.slots == [] and engine.scheduler.cache.nbytes < grown / 2
     again = engine.generate_batch(PROMPTS, params)
     assert [g.token_ids for g in again] == [g.token_ids for g in first]
     assert all(g.weight_version == 1 for g in again)
@@ -335,10 +335,11 @@ def test_a_weight_update_gives_the_idle_cache_back_and_the_next_rollout_regrows_
 def test_released_idle_cache_is_regrown_by_the_next_requests(qwen: PreTrainedModel) -> None:
     """`release_idle_cache` (a synchronous step's sampling is over) frees the cache without touching the weights."""
     engine = make_engine(qwen, kv_cache_gb=math.inf)
+    assert isinstance(engine, InProcessKVCache)  # what runs/step.py tests before calling it, and runs/build.py too
     params = [SamplingParams(max_tokens=24, temperature=1.0, seed=k) for k in range(len(PROMPTS))]
     first = engine.generate_batch(PROMPTS, params)
-    grown = engine._cache.nbytes
+    grown = engine.scheduler.cache.nbytes
     engine.release_idle_cache()
-    assert engine._slots == [] and engine._cache.nbytes < grown / 2 and engine.weight_version == 0
+    assert engine.scheduler.slots == [] and engine.scheduler.cache.nbytes < grown / 2 and engine.weight_version == 0
     again = engine.generate_batch(PROMPTS, params)
     assert [g.token_ids for g in again] == [g.token_ids for g in first]

@@ -203,10 +203,10 @@ def test_random_model_batch_keeps_invariants(chat: ChatTokenizer) -> None:
     async def go():
         try:
             first = await rollout_rows(engine, make, chat, rows, 2, lim, SamplingConfig(temperature=1.0), seed=5)
-            slots = len(engine._slots)
+            slots = len(engine.scheduler.slots)
             await rollout_rows(engine, make, chat, rows, 2, lim, SamplingConfig(temperature=1.0), seed=6)
             # every episode ended its session: the second batch took the first batch's slots
-            assert len(engine._slots) == slots <= 6
+            assert len(engine.scheduler.slots) == slots <= 6
             return first
         finally:
             await engine.close()

@@ -155,8 +155,8 @@ def test_a_client_that_goes_away_cancels_its_generation(engine_and_tokenizer: tu
             lines = resp.iter_lines()
             first = next(line for line in lines if line.startswith("data: "))
             assert json.loads(first.removeprefix("data: "))["choices"][0]["finish_reason"] is None
-            assert engine._running()  # still sampling when the client hangs up
+            assert engine.scheduler.running()  # still sampling when the client hangs up
         deadline = time.monotonic() + 10
-        while engine._running() and time.monotonic() < deadline:
+        while engine.scheduler.running() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not engine._running()
+        assert not engine.scheduler.running()

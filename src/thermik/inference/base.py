@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -71,6 +71,22 @@ class InferenceEngine(Protocol):
     def weight_version(self) -> int: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class InProcessKVCache(Protocol):
+    """What an engine whose KV cache lives in this process's memory (the embedded engine) also offers a run: a check
+    at start that the cache budget holds the longest sequence, and a way to free idle cached prefixes when a
+    synchronous step's sampling ends, before the trainer's memory peak. Runs test for it with `isinstance`."""
+
+    def require_room(self, positions: int, key: str = "rollout.max_sequence_length") -> None:
+        """Raise `KVCacheBudgetError` when the budget cannot hold one sequence of `positions` (`key`: the setting
+        they come from)."""
+        ...
+
+    def release_idle_cache(self) -> None:
+        """Drop cached prefixes no running request uses and give their memory back."""
+        ...
 
 
 def next_version(current: int, version: int | None) -> int:

@@ -8,10 +8,10 @@ into the slot KV cache and the logits into a static output, with no host synchro
 Shapes are fixed per graph: the batch is padded to a bucket (`BATCH_BUCKETS`) and attention reads a power-of-two
 span of cache positions (`span_bucket`), masked past each row's own length. A padded row writes its key and value
 at the cache's last position of slot 0, which no sequence holds at a decode step (the engine keeps one position
-spare: `EmbeddedEngine._make_room`), and its logits are dropped. Graphs are captured lazily, one per (bucket, span),
-and read the model's weights and the cache's buffers in place: a weight update copied into the same tensors
-(`EmbeddedEngine.update_weights_sync`) is seen by the next replay without a re-capture; a cache that reallocates
-(it grows by doubling) drops the graphs, which are captured again on their next use.
+spare: `make_room` in inference/embedded/scheduler.py), and its logits are dropped. Graphs are captured lazily, one
+per (bucket, span), and read the model's weights and the cache's buffers in place: a weight update copied into the
+same tensors (`EmbeddedEngine.update_weights_sync`) is seen by the next replay without a re-capture; a cache that
+reallocates (it grows by doubling) drops the graphs, which are captured again on their next use.
 
 `mode="eager"` runs the same static step without capturing it (any device, the tests' CPU path); the engine on a CPU
 keeps its own decode path (`NativeCausalLM.forward`, the C kernels) and uses neither unless asked.

@@ -19,8 +19,7 @@ from thermik.atomic import writable_dir
 from thermik.config.schema import RunConfig, SFTConfig
 from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.sampler import PromptSampler
-from thermik.inference.base import InferenceEngine
-from thermik.inference.embedded import EmbeddedEngine
+from thermik.inference.base import InferenceEngine, InProcessKVCache
 from thermik.models.context_window import context_window
 from thermik.models.loading import load_tokenizer
 from thermik.monitor.metrics import MetricsLogger
@@ -157,7 +156,7 @@ def _rollout_context(
 ) -> RolloutContext:
     train_rows, held_out = rows
     limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns, context_window(cfg.model.path, chat.tokenizer))
-    if isinstance(engine, EmbeddedEngine):  # a too-small KV cache budget fails now, not at the first long episode
+    if isinstance(engine, InProcessKVCache):  # a too-small KV cache budget fails now, not at the first long episode
         engine.require_room(limits.max_sequence_length)
     return RolloutContext(
         cfg=cfg,

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from thermik.inference.embedded import EmbeddedEngine
+from thermik.inference.base import InProcessKVCache
 from thermik.rollout.context import RolloutContext, dump_step_trajectories, play_rows, sample_groups, scored
 from thermik.rollout.group_producer import GroupProducer
 from thermik.rollout.metrics import rollout_metrics
@@ -91,7 +91,7 @@ async def sample_rollout(ctx: RolloutContext, step: int) -> Rollout:
     """All episodes of the step sampled now, concurrently, on ctx.engine (+ DAPO dynamic sampling)."""
     t0 = time.perf_counter()
     sampled, trajs, metrics = await sample_groups(ctx, step)
-    if isinstance(ctx.engine, EmbeddedEngine):  # its cached prefixes go stale at the update: free them for training
+    if isinstance(ctx.engine, InProcessKVCache):  # its cached prefixes go stale at the update: free them for training
         ctx.engine.release_idle_cache()
     return make_rollout(ctx, step, sampled, trajs, {**metrics, "time/generate": time.perf_counter() - t0})
 
