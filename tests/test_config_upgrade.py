@@ -79,9 +79,14 @@ def test_variant_knobs_and_the_default_variant(tmp_path: Path) -> None:
     assert (cfg.algorithm.loss.type, cfg.algorithm.loss.clip_low, cfg.algorithm.loss.clip_high) == ("gspo", 1e-3, 4e-4)
     (tmp_path / "a.toml").write_text("[algorithm.loss]\nclip_low = 0.1\n")
     assert load_config(RunConfig, ["@", str(tmp_path / "a.toml")], {}).algorithm.loss.type == "ppo"
-    with pytest.raises(ConfigError, match=r"'algorithm.loss.clip_ratio_c'.*not of algorithm.loss.type = 'gspo'.*keys of 'gspo': clip_low, clip_high"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'algorithm.loss.clip_ratio_c'.*not of algorithm.loss.type = 'gspo'.*keys of 'gspo': clip_low, clip_",
+    ):
         load_config(RunConfig, ["--algorithm.loss.type", "gspo", "--algorithm.loss.clip_ratio_c", "2"], {})
-    with pytest.raises(ConfigError, match=r"algorithm.correction.type: Input tag 'tiss' does not match any of the expected tags: 'none', 'tis', 'mis'"):
+    with pytest.raises(
+        ConfigError, match=r"algorithm.correction.type: Input tag 'tiss' does not match .* tags: 'none', 'tis', 'mis'"
+    ):
         load_config(RunConfig, ["--algorithm.correction.type", "tiss"], {})
     with pytest.raises(ConfigError, match=r"Did you mean 'algorithm.loss.clip_high'"):
         load_config(RunConfig, ["--algorithm.loss.clip_hihg", "0.3"], {})
