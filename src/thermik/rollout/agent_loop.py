@@ -273,8 +273,8 @@ async def rollout_row(
     """One episode of a dataset row in a fresh environment (closed afterwards)."""
     env = make_env(row)
     try:
-        if env.plays_episode:  # another framework plays it and calls the engine back (rollout/verifiers.py)
-            from thermik.rollout.verifiers import play
+        if env.plays_episode:  # another framework plays it and calls the engine back (rollout/verifiers_episodes.py)
+            from thermik.rollout.verifiers_episodes import play
 
             traj = await play(engine, env, chat, row["prompt"], limits, sampling, group_id, seed)
         else:
