@@ -19,7 +19,7 @@ from thermik.models.presets import init_model
 from thermik.monitor.metrics import read_metrics
 from thermik.rollout.trajectory import Trajectory
 from thermik.training.batch import collate
-from thermik.training.shaping import apply_distillation
+from thermik.training.batch_advantages import apply_distillation
 from thermik.training.teacher import LocalTeacher, ServerTeacher, build_teacher
 
 

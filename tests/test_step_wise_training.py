@@ -16,8 +16,8 @@ from thermik.algorithms.episodes import episode_row_weights, returns_to_go
 from thermik.config.schema import AlgorithmConfig, RunConfig, TrainerConfig
 from thermik.rollout.trajectory import Trajectory
 from thermik.training.batch import TokenBatch, collate
+from thermik.training.batch_advantages import assign_advantages
 from thermik.training.loss import LossSetup, mini_batch_reduction
-from thermik.training.shaping import assign_advantages
 
 
 def sample(prompt: list[int], sampled: list[int], reward: float, group: int = 0) -> Trajectory:

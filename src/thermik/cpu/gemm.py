@@ -13,7 +13,7 @@ formats of `FORMATS`:
 The kernels are written for AVX2 + FMA (x86-64-v3); `available()` says whether this CPU's build has them (else the
 engine keeps PyTorch's BLAS). `choose(formats, weight, ...)` times the candidate formats (and PyTorch's own product,
 "blas") on one weight and answers the fastest: "auto" on a CPU without bfloat16 arithmetic picks among "blas",
-"float32" and "bf16" that way (cpu/precision.py). `Packed.repack()` re-derives the packed
+"float32" and "bf16" that way (cpu/engine_precision.py). `Packed.repack()` re-derives the packed
 copy after the weight changed in place (a weight update re-quantizes an int8 engine between two decode steps).
 """
 

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from thermik.cpu.engine_precision import apply_precision, projection_formats
 from thermik.cpu.gemm import PROBE_ROWS
 from thermik.cpu.openmp import release_thread_pool, to_thread_releasing
-from thermik.cpu.precision import apply_precision, projection_formats
 from thermik.inference.base import (
     Generation,
     SamplingParams,
@@ -137,7 +137,7 @@ class EmbeddedEngine:
     ) -> None:
         """`kv_cache_gb`: the KV cache's budget in GiB (2^30 bytes); None takes a quarter of the available RAM (on
         CUDA, of the free GPU memory; `kv_cache.default_budget_bytes` says why), `math.inf` sets no budget.
-        `weight_formats`: the projections' weight formats to choose from (`NativeCausalLM`; cpu/precision.py's
+        `weight_formats`: the projections' weight formats to choose from (`NativeCausalLM`; cpu/engine_precision.py's
         `projection_formats` for a precision name). `decode_graphs`: "auto" replays the decode step as CUDA graphs on a
         GPU and keeps the native forward on a CPU; "capture", "eager" (the same fixed-shape step, not captured) or
         "off" (the native forward) force one (decode_graphs.py)."""
@@ -750,8 +750,8 @@ def embedded_engine(
     model: PreTrainedModel, precision: str = "model", precision_asked_by: str | None = None, **kwargs
 ) -> EmbeddedEngine | HFEngine:
     """The embedded engine for `model`: native continuous batching when supported, else transformers (warned).
-    `precision` ("model", "float32", "bfloat16", "bf16-weights", "int8", "auto"; cpu/precision.py) casts `model` in
-    place first: the engine owns it. `precision_asked_by`: what asked for it, for the log line (default
+    `precision` ("model", "float32", "bfloat16", "bf16-weights", "int8", "auto"; cpu/engine_precision.py) casts `model`
+    in place first: the engine owns it. `precision_asked_by`: what asked for it, for the log line (default
     inference.precision)."""
     apply_precision(model, precision, precision_asked_by)
     reason = unsupported_reason(model)

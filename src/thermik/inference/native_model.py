@@ -172,7 +172,7 @@ class NativeCausalLM:
     def __init__(self, model: PreTrainedModel, formats: tuple[str, ...] = ("blas",)) -> None:
         """`formats`: the projection weight formats to choose from ("blas" or cpu/gemm.py's FORMATS; one is
         taken as it is, several are timed on the model's first MLP weight and the fastest kept:
-        cpu/precision.py's `projection_formats`)."""
+        cpu/engine_precision.py's `projection_formats`)."""
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the native forward does not support this model: {reason}")
