@@ -46,9 +46,6 @@ class LossParams:
     kl_cov_coef: float = 1.0
 
 
-DEFAULT_PARAMS = LossParams()
-
-
 def check_loss_inputs(name: str, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
     """Validate the four [N, T] inputs; return the boolean mask."""
     if not (logp.shape == old_logp.shape == adv.shape == mask.shape) or logp.dim() != 2:

@@ -5,7 +5,7 @@ formats of `FORMATS`:
 
 - "float32": the weights as they are (float32 arithmetic, only the summation order differs from BLAS);
 - "bf16": the weights rounded to bfloat16, widened in registers, float32 arithmetic (half the memory traffic; no
-  bfloat16 arithmetic, which CPUs without AVX512-BF16 or AMX run ~100x slower than float32);
+  bfloat16 arithmetic, which CPUs without AVX512-BF16 or AMX run far slower than float32);
 - "int8": weight-only int8 per (output column, group of `INT8_GROUP` inputs), the input rows quantized to int8 the
   same way on every call, products in integer arithmetic (AVX2 vpmaddubsw/vpmaddwd, AVX-VNNI vpdpbusd where built
   for it), one float32 scale per group.

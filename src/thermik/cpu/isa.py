@@ -151,6 +151,7 @@ def probe(cpuinfo: str | None = None) -> CpuCapabilities:
 
 @cache
 def _cached(isa: str) -> CpuCapabilities:
+    del isa  # the cache key only: one probe per value of THERMIK_CPU_ISA
     return probe()
 
 
