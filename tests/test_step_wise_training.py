@@ -121,7 +121,7 @@ def test_an_rl_step_trains_episodes_of_several_samples(tmp_path, stopping_model_
     from test_algorithms_rl import _metrics
 
     from thermik.data.dataset import write_rows
-    from thermik.models.chat_template import QWEN3_THINKING_TEMPLATE
+    from thermik.models.chat import QWEN3_THINKING_TEMPLATE
     from thermik.runs.local import run_rl
     from thermik.tasks.registry import generate_rows
 

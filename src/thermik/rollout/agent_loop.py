@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from thermik.config.schema import RolloutConfig, SamplingConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.envs.base import Env, StepOutput
 from thermik.errors import ThermikError
 from thermik.inference.base import InferenceEngine, SamplingParams
-from thermik.rollout.history import NextPrompt, PromptHistory
+from thermik.models.chat import ChatTokenizer, NextPrompt, PromptHistory
 from thermik.rollout.step_wise import EpisodeSamples, StepWise
 from thermik.rollout.thinking import assistant_message, split_thinking, think_token_ids, thinking_token_count
 from thermik.rollout.trajectory import Trajectory

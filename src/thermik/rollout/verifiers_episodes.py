@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from thermik.config.schema import SamplingConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.envs.verifiers_env import BridgeError, VerifiersEnv
 from thermik.inference.base import Generation, InferenceEngine
+from thermik.models.chat import ChatTokenizer
 from thermik.rollout.invariants import check_trajectory
 from thermik.rollout.step_wise import PrefixBreakError
 from thermik.rollout.trajectory import Trajectory
