@@ -3,7 +3,7 @@ conversation's prefix check. The data (SFT conversations), rollout (agent loop) 
 all render through it.
 
 - templates.py: the chat templates a preset ships (`CHAT_TEMPLATES`).
-- tools.py: whether a template renders tools, the system-message fallback when it does not, and the server's
+- template_tools.py: whether a template renders tools, the system-message fallback when it does not, and the server's
   rendering of an OpenAI-style request (`render_with_tools`).
 - renderer.py: `ChatTokenizer`, token ids of prompts, observation deltas and whole conversations; nothing sampled is
   ever re-tokenized.
@@ -13,8 +13,7 @@ all render through it.
 
 from thermik.models.chat.history import NextPrompt, PromptHistory
 from thermik.models.chat.renderer import ChatTokenizer, Message, MissingChatTemplateError
-from thermik.models.chat.templates import CHAT_TEMPLATES, CHATML_TOOL_TEMPLATE, QWEN3_THINKING_TEMPLATE
-from thermik.models.chat.tools import (
+from thermik.models.chat.template_tools import (
     FALLBACK_CALL_EXAMPLES,
     FALLBACK_CALL_INSTRUCTIONS,
     ToolsIgnoredWarning,
@@ -25,6 +24,7 @@ from thermik.models.chat.tools import (
     tools_system_text,
     with_system_text,
 )
+from thermik.models.chat.templates import CHAT_TEMPLATES, CHATML_TOOL_TEMPLATE, QWEN3_THINKING_TEMPLATE
 
 __all__ = [
     "CHATML_TOOL_TEMPLATE",

@@ -17,7 +17,7 @@ from collections.abc import Collection
 from typing import Any
 
 from thermik.errors import ThermikError
-from thermik.models.chat.tools import (
+from thermik.models.chat.template_tools import (
     FALLBACK_CALL_INSTRUCTIONS,
     ToolsIgnoredWarning,
     fallback_tools_text,
