@@ -120,7 +120,7 @@ def test_fallback_call_examples_are_written_by_each_parser_s_formatter():
     from thermik.models.chat import FALLBACK_CALL_EXAMPLES, FALLBACK_CALL_INSTRUCTIONS
 
     written = {name: fmt("function_name", {"argument_name": "value"}) for name, fmt in TOOL_CALL_FORMATTERS.items()}
-    assert FALLBACK_CALL_EXAMPLES == written and set(FALLBACK_CALL_INSTRUCTIONS) == set(written)
+    assert written == FALLBACK_CALL_EXAMPLES and set(FALLBACK_CALL_INSTRUCTIONS) == set(written)
 
 
 @pytest.mark.parametrize("template", ["thermik", "qwen2_5", "llama3_1"])
