@@ -27,9 +27,9 @@ import openai
 
 from thermik.capture import Capture, serve_capture
 from thermik.config.schema import SamplingConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.envs.base import Env, StepOutput
 from thermik.inference.server.run import load_engine
+from thermik.models.chat import ChatTokenizer
 from thermik.models.presets import init_model
 from thermik.rollout.agent_loop import LoopLimits, run_episode
 from thermik.rollout.trajectory import Trajectory

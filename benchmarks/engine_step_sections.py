@@ -25,7 +25,7 @@ from cpu_peak import add_clock_argument, now, set_clock
 from transformers import AutoModelForCausalLM
 
 import thermik.inference.embedded.records as records_module
-from thermik.cpu.precision import PRECISIONS
+from thermik.cpu.engine_precision import PRECISIONS
 from thermik.inference.base import SamplingParams
 from thermik.inference.embedded import embedded_engine
 

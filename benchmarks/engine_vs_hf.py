@@ -26,7 +26,7 @@ or bfloat16) on `--device` (cpu, cuda), three measurements:
 Each measurement alternates the two sides `--repeats` times (so background load hits both alike) and reports
 the best run of each; the ratio is ours over the baseline's speed.
 
-Precision: `--precision` builds the engine as `thermik rl` does for `inference.precision` (cpu/precision.py: e.g.
+Precision: `--precision` builds the engine as `thermik rl` does for `inference.precision` (cpu/engine_precision.py: e.g.
 `auto`, which on a CPU without bfloat16 arithmetic times BLAS against thermik's packed float32 and bfloat16-stored
 weights; `int8`); without it the engine runs the model in `--dtype` on PyTorch's products. `--compare PRECISION`
 adds a second thermik engine to the throughput rows, in the same alternation, with its speed ratio to the first and
@@ -63,7 +63,7 @@ from cpu_peak import add_clock_argument, fma_peak, isa_line, now, peak_line, set
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from thermik.cpu import gemm
-from thermik.cpu.precision import PRECISIONS, apply_precision, projection_formats
+from thermik.cpu.engine_precision import PRECISIONS, apply_precision, projection_formats
 from thermik.inference.base import SamplingParams
 from thermik.inference.embedded import EmbeddedEngine
 from thermik.inference.native_model import NativeCausalLM, can_prepack

@@ -1,7 +1,7 @@
 """The cost of step-wise trajectories (rollout.step_wise = "on-break") in RL step time, calculator example, one process.
 
 With step-wise trajectories the agent loop renders the whole conversation through the chat template after every
-turn and compares it with the text of the tokens so far (`rollout/history.py`); without a break it then appends the
+turn and compares it with the text of the tokens so far (`models/chat/history.py`); without a break it then appends the
 same observation tokens as the loop without step-wise did. The baseline is that loop: the next prompt is the
 observation delta alone (`ChatTokenizer.encode_observations`, no rendering of the history, no comparison).
 
@@ -26,9 +26,9 @@ from pathlib import Path
 from thermik.config.loader import load_config
 from thermik.config.schema import RunConfig
 from thermik.envs.base import Message
+from thermik.models.chat import NextPrompt, PromptHistory
 from thermik.models.presets import init_model
 from thermik.rollout import agent_loop
-from thermik.rollout.history import NextPrompt, PromptHistory
 from thermik.runs.local import LocalMode, setup
 from thermik.runs.step import rl_step
 

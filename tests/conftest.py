@@ -19,7 +19,7 @@ from thermik.cpu.isa import ISA_ENV, capabilities, torch_environment
 for _name, _value in torch_environment().items():
     os.environ.setdefault(_name, _value)
 
-from thermik.cpu.precision import AUTO_PRECISION_ENV  # noqa: E402  (imports torch)
+from thermik.cpu.engine_precision import AUTO_PRECISION_ENV  # noqa: E402  (imports torch)
 
 TINY_PRESET = "qwen2-1m"
 

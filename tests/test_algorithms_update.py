@@ -16,9 +16,9 @@ from thermik.algorithms.health import DegenerateRatioDetector, DegenerateRatioEr
 from thermik.config.schema import AlgorithmConfig, TrainerConfig
 from thermik.models.loading import load_model
 from thermik.training.batch import TokenBatch
+from thermik.training.batch_advantages import assign_advantages
 from thermik.training.loss import LossSetup
 from thermik.training.reference import maybe_refresh
-from thermik.training.shaping import assign_advantages
 from thermik.training.update import logprobs_no_grad, policy_update
 
 

@@ -49,7 +49,7 @@ def test_base_install_check_names_the_module_and_the_extra(tmp_path: Path) -> No
         [sys.executable, str(tree / "scripts" / "check_base_install.py")], env=env, capture_output=True, text=True
     )
     assert res.returncode == 1
-    assert "thermik.training.precision imports peft at module level" in res.stderr
+    assert "thermik.training.mixed_precision imports peft at module level" in res.stderr
     assert "peft belongs to the extra(s)" in res.stderr and "lora" in res.stderr
 
 

@@ -12,7 +12,8 @@ from test_embedded_engine import PAD, PROMPTS, tiny_model
 from transformers import PreTrainedModel
 
 from tests.conftest import needs_bf16
-from thermik.cpu import isa, precision
+from thermik.cpu import engine_precision as precision
+from thermik.cpu import isa
 from thermik.cpu import kernels as cpu_kernels
 from thermik.inference.base import SamplingParams
 from thermik.inference.embedded import EmbeddedEngine, embedded_engine

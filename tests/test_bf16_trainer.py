@@ -1,4 +1,4 @@
-"""Mixed-precision training (`model.train_precision = "bf16-mixed"`, training/precision.py) against float32.
+"""Mixed-precision training (`model.train_precision = "bf16-mixed"`, training/mixed_precision.py) against float32.
 
 Tolerances come from bfloat16's unit roundoff u = 2^-8 (8 significand bits): autocast rounds every matrix product's
 inputs to bfloat16 (relative error <= u/2 each) and its output once more, forward and backward. These roundings are
@@ -20,13 +20,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from thermik.config.schema import AlgorithmConfig, ModelConfig, OptimizerConfig, TrainerConfig
+from thermik.cpu.engine_precision import AUTO_PRECISION_ENV
 from thermik.cpu.isa import capabilities
-from thermik.cpu.precision import AUTO_PRECISION_ENV
 from thermik.models.presets import init_model
 from thermik.training.batch import TokenBatch
 from thermik.training.loss import LossSetup, micro_batch_loss, mini_batch_reduction
+from thermik.training.mixed_precision import resolve_train_precision
 from thermik.training.optim import build_optimizer
-from thermik.training.precision import resolve_train_precision
 from thermik.training.sft import sft_loss, sft_update
 from thermik.training.update import batch_logprobs, policy_update
 
@@ -238,7 +238,7 @@ def test_lm_head_precision_float32_under_autocast_keeps_the_state_dict(model: to
     within the body's rounding), 'bf16' gives autocast's bfloat16 ones; parameters and state-dict keys are the same;
     'auto' picks float32 for a head that is a small share of the parameters (the byte-vocabulary presets) and bf16
     for a large one."""
-    from thermik.training.precision import Float32LMHead, set_lm_head_precision
+    from thermik.training.mixed_precision import Float32LMHead, set_lm_head_precision
 
     ids = torch.randint(1, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
     keys = list(model.state_dict())

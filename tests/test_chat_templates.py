@@ -18,8 +18,7 @@ from transformers import PreTrainedTokenizerFast
 
 from thermik.config import load_config
 from thermik.config.schema import RunConfig
-from thermik.data.chat_tokenizer import ChatTokenizer, ToolsIgnoredWarning
-from thermik.models.chat_template import with_system_text
+from thermik.models.chat import ChatTokenizer, ToolsIgnoredWarning, with_system_text
 from thermik.models.loading import load_tokenizer
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits
@@ -116,6 +115,14 @@ def test_fallback_call_example_is_what_the_configured_parser_reads(tool_format):
     assert [(c.name, c.arguments) for c in parsed.calls] == [("function_name", {"argument_name": "value"})]
 
 
+def test_fallback_call_examples_are_written_by_each_parser_s_formatter():
+    """models/chat sits below tools/ and keeps the examples as text: they must equal what each formatter writes."""
+    from thermik.models.chat import FALLBACK_CALL_EXAMPLES, FALLBACK_CALL_INSTRUCTIONS
+
+    written = {name: fmt("function_name", {"argument_name": "value"}) for name, fmt in TOOL_CALL_FORMATTERS.items()}
+    assert written == FALLBACK_CALL_EXAMPLES and set(FALLBACK_CALL_INSTRUCTIONS) == set(written)
+
+
 @pytest.mark.parametrize("template", ["thermik", "qwen2_5", "llama3_1"])
 def test_templates_that_render_tools_are_used_as_they_are(template, row):
     chat = make_chat(template)
@@ -147,7 +154,7 @@ def test_model_chat_template_overrides_the_model_template(tiny_model_dir, tmp_pa
 
 
 @pytest.mark.parametrize("template", ["smollm2", "qwen2_5", "llama3_1", pytest.param(REAL, marks=needs_real)])
-@pytest.mark.filterwarnings("ignore::thermik.data.chat_tokenizer.ToolsIgnoredWarning")
+@pytest.mark.filterwarnings("ignore::thermik.models.chat.ToolsIgnoredWarning")
 def test_multi_turn_tool_episode_keeps_the_exact_prefix(template, row):
     """The agent loop's own invariant check passes (it runs inside run_episode), every turn's engine input is a
     prefix of the final sequence, and the accumulated ids equal a fresh render of the whole conversation: the

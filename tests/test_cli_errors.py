@@ -242,8 +242,8 @@ def test_thermik_errors_cross_processes_whole() -> None:
     """A Ray worker's error is pickled to its driver: subclasses whose constructors take other arguments survive."""
     import pickle
 
-    from thermik.data.chat_tokenizer import MissingChatTemplateError
     from thermik.envs.registry import UnknownEnvError
+    from thermik.models.chat import MissingChatTemplateError
     from thermik.models.loading import ModelPathError
 
     for error in (UnknownEnvError("calculatr", ["calculator"]), ModelPathError("no dir", hint="make one"),

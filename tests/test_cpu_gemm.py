@@ -11,7 +11,8 @@ import torch
 from test_embedded_engine import PAD, PROMPTS, tiny_model
 from transformers import PreTrainedModel
 
-from thermik.cpu import gemm, precision
+from thermik.cpu import engine_precision as precision
+from thermik.cpu import gemm
 from thermik.inference.base import SamplingParams
 from thermik.inference.embedded import EmbeddedEngine, embedded_engine
 from thermik.inference.native_model import NativeCausalLM

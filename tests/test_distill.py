@@ -13,13 +13,13 @@ from serving import start_thermik_inference
 
 from thermik.algorithms.distill import reverse_kl_advantage
 from thermik.config.schema import AlgorithmConfig, TrainerConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
+from thermik.models.chat import ChatTokenizer
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.models.presets import init_model
 from thermik.monitor.metrics import read_metrics
 from thermik.rollout.trajectory import Trajectory
 from thermik.training.batch import collate
-from thermik.training.shaping import apply_distillation
+from thermik.training.batch_advantages import apply_distillation
 from thermik.training.teacher import LocalTeacher, ServerTeacher, build_teacher
 
 

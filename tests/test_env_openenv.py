@@ -23,7 +23,7 @@ from tinker_support import free_port
 from tls_support import make_certificates
 
 from thermik.config.schema import EnvConfig, OpenEnvConfig
-from thermik.envs.openenv import ActionRefused, parse_action
+from thermik.envs.openenv_env import ActionRefused, parse_action
 from thermik.errors import ThermikError
 from thermik.tasks.registry import generate_rows, make_env
 

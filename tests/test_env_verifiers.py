@@ -16,10 +16,10 @@ from env_sources import eval_then_rl
 from serving import embedded_engine, running
 
 from thermik.config.schema import EnvConfig, VerifiersConfig
-from thermik.envs.verifiers import bridge_for, default_venv
+from thermik.envs.verifiers_env import bridge_for, default_venv
 from thermik.inference.base import Generation
 from thermik.rollout.step_wise import PrefixBreakError
-from thermik.rollout.verifiers import Endpoint, trajectory
+from thermik.rollout.verifiers_episodes import Endpoint, trajectory
 from thermik.tasks.registry import generate_rows, make_env
 
 TESTS = Path(__file__).resolve().parent
@@ -179,7 +179,7 @@ def test_a_bridge_gone_mid_episode_fails_the_episode_not_the_run(taskset_path: N
     from thermik.assembly.components import load_policy
     from thermik.config.schema import ModelConfig, RolloutConfig, SamplingConfig
     from thermik.rollout.agent_loop import LoopLimits
-    from thermik.rollout.verifiers import play
+    from thermik.rollout.verifiers_episodes import play
 
     row = generate_rows(ECHO, 1, 0, "train")[0]
     env = make_env(ECHO, reward_spec={}, extra_info=row["extra_info"], options=EnvConfig(name=ECHO))
@@ -206,7 +206,7 @@ def _play_one(tiny_model_dir: Path, options: EnvConfig, step_wise: str = "on-bre
     from thermik.assembly.components import load_policy
     from thermik.config.schema import ModelConfig, RolloutConfig, SamplingConfig
     from thermik.rollout.agent_loop import LoopLimits
-    from thermik.rollout.verifiers import play
+    from thermik.rollout.verifiers_episodes import play
 
     row = generate_rows(ECHO, 1, 0, "train", options=options)[0]
     env = make_env(ECHO, reward_spec={}, extra_info=row["extra_info"], options=options)

@@ -16,9 +16,9 @@ from conftest import run_thermik
 
 from thermik.assembly.components import env_factory
 from thermik.config.schema import EnvConfig, SamplingConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.dataset import write_rows
 from thermik.inference.base import Generation, SamplingParams
+from thermik.models.chat import ChatTokenizer
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, pass_at_k, summarize

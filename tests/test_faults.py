@@ -19,7 +19,7 @@ from test_mcp_env import faulty_entry
 from test_rollout import ScriptedEngine
 
 from thermik.config.schema import EnvConfig, SamplingConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
+from thermik.models.chat import ChatTokenizer
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits, run_episode
 from thermik.tasks.registry import make_env

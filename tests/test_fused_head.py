@@ -9,7 +9,7 @@ import torch
 
 from thermik.training import fused_head
 from thermik.training.fused_head import HeadLogprobs, embed, head_logprobs
-from thermik.training.precision import Float32LMHead
+from thermik.training.mixed_precision import Float32LMHead
 from thermik.training.vocab_logprobs import vocab_backward, vocab_forward, vocab_logprobs
 
 VOCAB, HIDDEN, TOKENS = 301, 24, 19

@@ -189,8 +189,8 @@ def test_a_reward_model_scoring_nan_leaves_its_groups_unscored(reward_model_dir)
 def _train_judge(tiny_model_dir, out, rows) -> None:
     """The tiny model fine-tuned to answer every SHORT_RUBRIC prompt with 'Score: 7' (a judge that parses)."""
     from thermik.config.schema import OptimizerConfig
-    from thermik.data.chat_tokenizer import ChatTokenizer
     from thermik.data.conversations import encode_all
+    from thermik.models.chat import ChatTokenizer
     from thermik.training.optim import build_optimizer
     from thermik.training.sft import sft_update
 

@@ -13,9 +13,9 @@ from fixtures.faulty_server import server_spec as faulty_server_spec
 from test_rollout import ScriptedEngine
 
 from thermik.config.schema import EnvConfig, SamplingConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.envs.mcp_tool_env import MCPToolEnv, episode_reward, sequence_score, values_match
 from thermik.envs.tool_use import ServerTools, function_schema
+from thermik.models.chat import ChatTokenizer
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits, run_episode
 from thermik.tasks.registry import generate_rows, solve

@@ -18,8 +18,8 @@ import pytest
 from conftest import cli_env, run_thermik, thermik_argv
 from test_evaluation import scripted_calculator_eval
 
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.dataset import write_rows
+from thermik.models.chat import ChatTokenizer
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.evaluation import write_eval
 from thermik.tasks.registry import generate_rows, solve

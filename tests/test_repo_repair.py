@@ -242,7 +242,7 @@ class _MetricsEnv:
 def test_env_metrics_are_summed_and_mask_episode_zeroes_the_loss(mask: bool) -> None:
     from test_rollout import ScriptedEngine
 
-    from thermik.data.chat_tokenizer import ChatTokenizer
+    from thermik.models.chat import ChatTokenizer
     from thermik.models.tokenizer import build_tokenizer
     from thermik.rollout.agent_loop import LoopLimits, run_episode
     from thermik.rollout.metrics import rollout_metrics

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from thermik.config.schema import EnvConfig, RolloutConfig, SamplingConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.inference.base import Generation, SamplingParams
+from thermik.models.chat import ChatTokenizer
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits, PromptTooLongError, rollout_rows, run_episode
 from thermik.rollout.invariants import TrajectoryInvariantError, check_trajectory

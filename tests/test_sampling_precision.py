@@ -1,4 +1,4 @@
-"""One sampling-precision rule for every mode (cpu/precision.py, docs/inference.md "Precision"): the same config
+"""One sampling-precision rule for every mode (cpu/engine_precision.py, docs/inference.md "Precision"): the same config
 samples in the same precision in `thermik rl` (local), under `--split` (the inference server), on Ray's engine
 actors and in `thermik inference`; SFT's held-out check samples in its trainer's precision and says so, never that
 something asked for it."""
@@ -16,7 +16,8 @@ from conftest import cli_env, run_thermik, short_rl_config, thermik_argv
 from thermik.assembly import components
 from thermik.config import dump_toml
 from thermik.config.schema import ServeConfig
-from thermik.cpu import isa, precision
+from thermik.cpu import engine_precision as precision
+from thermik.cpu import isa
 from thermik.inference.server.run import serve_engine
 from thermik.runs.sft import held_out_precision
 

@@ -12,9 +12,9 @@ import torch
 from conftest import cli_env
 
 from thermik.config.schema import FailuresConfig, LoRAConfig, OptimizerConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.conversations import DataOrder, as_conversation, encode_all, load_conversations, trains
 from thermik.errors import NothingDoneError
+from thermik.models.chat import ChatTokenizer
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.runs.verdict import sft_verdict
 from thermik.training.optim import build_optimizer

@@ -15,8 +15,7 @@ from real_model import smollm2_dir
 from test_rollout import ScriptedEngine, play, solved_texts
 
 from thermik.config.schema import EnvConfig, SamplingConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
-from thermik.models.chat_template import QWEN3_THINKING_TEMPLATE
+from thermik.models.chat import QWEN3_THINKING_TEMPLATE, ChatTokenizer
 from thermik.models.loading import load_tokenizer
 from thermik.models.tokenizer import build_tokenizer
 from thermik.rollout.agent_loop import LoopLimits, run_episode

@@ -16,8 +16,8 @@ from thermik.algorithms.episodes import episode_row_weights, returns_to_go
 from thermik.config.schema import AlgorithmConfig, RunConfig, TrainerConfig
 from thermik.rollout.trajectory import Trajectory
 from thermik.training.batch import TokenBatch, collate
+from thermik.training.batch_advantages import assign_advantages
 from thermik.training.loss import LossSetup, mini_batch_reduction
-from thermik.training.shaping import assign_advantages
 
 
 def sample(prompt: list[int], sampled: list[int], reward: float, group: int = 0) -> Trajectory:
@@ -125,7 +125,7 @@ def test_an_rl_step_trains_episodes_of_several_samples(tmp_path, stopping_model_
     from test_algorithms_rl import _metrics
 
     from thermik.data.dataset import write_rows
-    from thermik.models.chat_template import QWEN3_THINKING_TEMPLATE
+    from thermik.models.chat import QWEN3_THINKING_TEMPLATE
     from thermik.runs.local import run_rl
     from thermik.tasks.registry import generate_rows
 

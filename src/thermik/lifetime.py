@@ -6,8 +6,8 @@
   it for its own children, so a chain (split launcher -> orchestrator -> MCP server) goes down level by level. The
   kernel sends the signal when the *thread* that started the child ends: start such children from a thread that
   lives as long as they should (the main thread, the event loop's).
-- `die_with_parent(parent_pid)`: the same request from inside a Python child (a multiprocessing target), and
-  `die_with_parent_source(parent_pid)` as source code for a child that runs a `-c` bootstrap of its own.
+- `die_with_parent_source(parent_pid)`: the same request as source code, for a child that runs a `-c` bootstrap of
+  its own.
 - `start_reaper(root_pids)`: for processes that other software starts on our behalf and that outlive their own
   parent (Ray's raylet starts agents and workers that survive it). A small watchdog process, in a session of its
   own, records the process trees under `root_pids` every `REAP_POLL_S` while this process lives, and SIGKILLs what
@@ -24,7 +24,6 @@ This module runs as the watchdog's script too (`python -I -S lifetime.py`), so i
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import select
 import signal
@@ -61,16 +60,6 @@ def dying_with_parent(argv: Sequence[str]) -> list[str]:
         return list(argv)
     wrapper = die_with_parent_source(os.getpid()) + "os.execvp(sys.argv[1],sys.argv[1:])\n"
     return [sys.executable, "-I", "-S", "-c", wrapper, *argv]
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """In a child process: be SIGKILLed when `parent_pid` (our parent) dies; exit now if it already has."""
-    if not _LINUX:
-        return
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent_pid:
-        os._exit(1)  # the parent died before the request took hold
 
 
 def child_pids(pid: int) -> set[int]:

@@ -3,7 +3,7 @@
 glibc keeps freed heap memory in per-thread arenas for reuse by the same thread. In an RL step the embedded engine
 allocates on its scheduler thread and the update on a worker thread, so without a trim each phase's peak stays
 resident while the other runs, and a process that runs two trainings one after the other (benchmarks/
-rl_step_precision.py) keeps the first one's peak: that benchmark was killed by the OOM killer at 24 GB. Trimming
+rl_step_precision.py) keeps the first one's peak, enough for the OOM killer to end it. Trimming
 after each update and at the end of a run returns those pages. A no-op where the C library has no malloc_trim.
 """
 

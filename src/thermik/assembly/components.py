@@ -13,12 +13,12 @@ import numpy as np
 import torch
 
 from thermik.config.schema import DataConfig, EnvConfig, InferenceConfig, LoRAConfig, ModelConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.disk import load_rows_from
 from thermik.envs.base import Env
 from thermik.inference.base import InferenceEngine
 from thermik.inference.embedded import embedded_engine
 from thermik.inference.remote import RemoteEngine
+from thermik.models.chat import ChatTokenizer
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.rollout.agent_loop import EnvFactory
 from thermik.tasks.registry import generate_rows, make_env

@@ -31,9 +31,9 @@ from safetensors.torch import load_file
 
 from thermik.config.schema import GuardsConfig
 from thermik.cpu.checksum import checksum
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.inference.base import InferenceEngine, SamplingParams
 from thermik.inference.remote import RemoteEngine
+from thermik.models.chat import ChatTokenizer
 from thermik.training.batch import token_logprobs
 
 PROBE_TEXT = "thermik parity probe: 3 + 4 = 7; reverse 'abc' -> 'cba'."

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from thermik.capture.messages import Message, message_key, tools_key
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.inference.base import Generation
 from thermik.inference.server.errors import ApiError
 from thermik.inference.server.outputs import Choice
+from thermik.models.chat import ChatTokenizer
 from thermik.rollout.step_wise import EpisodeSamples, StepWise
 from thermik.rollout.trajectory import Trajectory
 

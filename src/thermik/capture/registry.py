@@ -11,10 +11,10 @@ from fastapi import FastAPI
 
 from thermik.capture.episode import Episode, EpisodeLimits
 from thermik.capture.routes import CaptureRoutes, mount
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.inference.base import InferenceEngine
 from thermik.inference.server.app import OpenAIServer
 from thermik.inference.server.errors import ApiError
+from thermik.models.chat import ChatTokenizer
 from thermik.rollout.trajectory import Trajectory
 
 

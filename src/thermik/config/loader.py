@@ -30,7 +30,7 @@ M = TypeVar("M", bound=BaseModel)
 
 ENV_PREFIX = "THERMIK_"
 # THERMIK_* switches read at run time, not config keys: the CPU kernels (cpu/kernels.py), the simulated CPU
-# (cpu/isa.py), "auto" pinned to float32 (cpu/precision.py) and tracebacks for user errors (cli.py, `--debug`).
+# (cpu/isa.py), "auto" pinned to float32 (cpu/engine_precision.py) and tracebacks for user errors (cli.py, `--debug`).
 RUNTIME_VARIABLES = frozenset({"THERMIK_CPU_KERNELS", "THERMIK_CPU_ISA", "THERMIK_AUTO_PRECISION", "THERMIK_DEBUG"})
 
 

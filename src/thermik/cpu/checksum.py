@@ -20,7 +20,7 @@ _MIX = (-1640531535, 16, -2048144789)  # 0x9E3779B1, a shift, 0x85EBCA6B (as int
 def checksum(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> int:
     """Each element's raw bits through an integer mix (multiply, xor-shift, multiply), summed with wrap-around: exact
     and order-independent, and a structured change (a tensor scaled by a power of two, negated) does not cancel out
-    as it does in a plain sum of the bits. 32-bit arithmetic: ten times faster on CPU than 64-bit. `dtype`: the
+    as it does in a plain sum of the bits. 32-bit arithmetic: faster on CPU than 64-bit. `dtype`: the
     checksum of `tensor.to(dtype)`. CPU tensors of the common types take one C pass (cpu/csrc/checksum.c), the same
     integers without the copies (benchmarks/guard_checksum.py measures both)."""
     dtype = dtype or tensor.dtype

@@ -5,7 +5,7 @@ formats of `FORMATS`:
 
 - "float32": the weights as they are (float32 arithmetic, only the summation order differs from BLAS);
 - "bf16": the weights rounded to bfloat16, widened in registers, float32 arithmetic (half the memory traffic; no
-  bfloat16 arithmetic, which CPUs without AVX512-BF16 or AMX run ~100x slower than float32);
+  bfloat16 arithmetic, which CPUs without AVX512-BF16 or AMX run far slower than float32);
 - "int8": weight-only int8 per (output column, group of `INT8_GROUP` inputs), the input rows quantized to int8 the
   same way on every call, products in integer arithmetic (AVX2 vpmaddubsw/vpmaddwd, AVX-VNNI vpdpbusd where built
   for it), one float32 scale per group.
@@ -13,7 +13,7 @@ formats of `FORMATS`:
 The kernels are written for AVX2 + FMA (x86-64-v3); `available()` says whether this CPU's build has them (else the
 engine keeps PyTorch's BLAS). `choose(formats, weight, ...)` times the candidate formats (and PyTorch's own product,
 "blas") on one weight and answers the fastest: "auto" on a CPU without bfloat16 arithmetic picks among "blas",
-"float32" and "bf16" that way (cpu/precision.py). `Packed.repack()` re-derives the packed
+"float32" and "bf16" that way (cpu/engine_precision.py). `Packed.repack()` re-derives the packed
 copy after the weight changed in place (a weight update re-quantizes an int8 engine between two decode steps).
 """
 

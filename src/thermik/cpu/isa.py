@@ -11,8 +11,8 @@ thermik cares about four instruction-set levels, each a superset of the one befo
 | `amx`         | + amx_bf16, amx_tile                        | bfloat16 matrix tiles                              |
 
 `THERMIK_CPU_ISA=<level>` simulates a smaller CPU on a bigger one: the probe then reports that level, and the precision
-choice (cpu/precision.py), the C kernels' build flags (cpu/kernels.py) and the tests' feature checks follow it. A level
-above what the CPU has is capped at the real one (a CPU cannot be simulated up). `torch_environment()` gives the
+choice (cpu/engine_precision.py), the C kernels' build flags (cpu/kernels.py) and the tests' feature checks follow it.
+A level above what the CPU has is capped at the real one (a CPU cannot be simulated up). `torch_environment()` gives the
 matching variables for PyTorch's and oneDNN's own dispatch, which must be set before torch is imported
 (thermik/__init__.py does so).
 """
@@ -151,6 +151,7 @@ def probe(cpuinfo: str | None = None) -> CpuCapabilities:
 
 @cache
 def _cached(isa: str) -> CpuCapabilities:
+    del isa  # the cache key only: one probe per value of THERMIK_CPU_ISA
     return probe()
 
 

@@ -3,10 +3,10 @@
 Each thread that runs a parallel PyTorch op owns an OpenMP team whose workers stay alive between ops. With
 two such threads (the training loop and the embedded engine's scheduler), libgomp counts more managed
 threads than CPUs and throttles spin-waiting for everyone: every op then wakes its workers through a futex,
-and a small model's decode step or forward runs ~1.7x slower (measured on 2 cores, docs/inference.md) even
-while the other thread sleeps. A thread about to wait for the other one calls `release_thread_pool()`
+and a small model's decode step or forward runs markedly slower (docs/inference.md) even while the
+other thread sleeps. A thread about to wait for the other one calls `release_thread_pool()`
 (OpenMP 5.0 `omp_pause_resource_all`, which frees only the caller's pool); its next parallel op builds a new
-pool (~0.1 ms). A no-op where torch has no OpenMP runtime with that call.
+pool, which is cheap. A no-op where torch has no OpenMP runtime with that call.
 
 Work handed to a worker thread (`asyncio.to_thread`: the policy update, a weight update) leaves that thread's pool
 alive when it returns; `to_thread_releasing` frees it there, or an RL step's decode steps slow down after the

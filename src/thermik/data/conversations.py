@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from thermik.config.schema import DataColumnsConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.dataset import DatasetError
 from thermik.data.disk import read_records
 from thermik.envs.base import Message
+from thermik.models.chat import ChatTokenizer
 
 Example = tuple[list[int], list[int]]  # (token ids, loss mask)
 

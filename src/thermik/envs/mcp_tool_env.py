@@ -37,8 +37,8 @@ from thermik.envs.base import Env, Message, StepOutput
 from thermik.envs.tool_use import answer_calls
 from thermik.tools.local import LocalTool, ToolGroup
 from thermik.tools.mcp_pool import MCPPool
+from thermik.tools.mcp_server_config import MCPServerEntry, parse_server_entry
 from thermik.tools.parsers import ToolCall, get_parser
-from thermik.tools.server_config import MCPServerEntry, parse_server_entry
 from thermik.tools.toolbox import Toolbox, ToolLimitError
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

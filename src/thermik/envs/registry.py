@@ -23,14 +23,14 @@ BUILTIN_ENVIRONMENTS: dict[str, str] = {
 }
 """The envs of this package; the built-in tasks' envs are in thermik.tasks.registry.TASKS."""
 SKYRL_GYM_PREFIX = "skyrl_gym:"
-"""`skyrl_gym:<name>` runs skyrl-gym environment <name> unchanged (thermik.envs.skyrl_gym)."""
+"""`skyrl_gym:<name>` runs skyrl-gym environment <name> unchanged (thermik.envs.skyrl_gym_env)."""
 PREFIXED_SOURCES: dict[str, str] = {
-    SKYRL_GYM_PREFIX: "thermik.envs.skyrl_gym:skyrl_gym_env_class",
-    "reasoning_gym:": "thermik.envs.reasoning_gym:reasoning_gym_env_class",
-    "openenv:": "thermik.envs.openenv:openenv_env_class",
-    "openenv+ws://": "thermik.envs.openenv:remote_env_class",
-    "openenv+wss://": "thermik.envs.openenv:secure_env_class",
-    "verifiers:": "thermik.envs.verifiers:verifiers_env_class",
+    SKYRL_GYM_PREFIX: "thermik.envs.skyrl_gym_env:skyrl_gym_env_class",
+    "reasoning_gym:": "thermik.envs.reasoning_gym_env:reasoning_gym_env_class",
+    "openenv:": "thermik.envs.openenv_env:openenv_env_class",
+    "openenv+ws://": "thermik.envs.openenv_env:remote_env_class",
+    "openenv+wss://": "thermik.envs.openenv_env:secure_env_class",
+    "verifiers:": "thermik.envs.verifiers_env:verifiers_env_class",
 }
 """Environment ecosystems by name prefix -> "pkg.mod:function" returning the Env class for the rest of the name
 (imported on first use, so an ecosystem's package is needed only when a run names it)."""

@@ -135,7 +135,8 @@ async def _main(config_json: str, address: str | None) -> None:
 
 
 def main() -> None:
-    # Run as a script, its folder (thermik/envs, holding thermik's own verifiers.py) would shadow the verifiers package.
+    # Run as a script, its folder (thermik/envs) leads sys.path: none of thermik's modules there may shadow a package
+    # verifiers imports (openenv, reasoning_gym, ...).
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

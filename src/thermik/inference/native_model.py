@@ -9,8 +9,8 @@ On a float32 or bfloat16 CPU model a decode step (one token per row) runs the el
 each layer in the fused C kernels of `cpu/kernels.py` (4 calls instead of ~15 ops); the matrix products run on
 PyTorch or on `cpu/gemm.py`'s packed weights.
 In bfloat16 a prefill takes the same kernels: its rows' real tokens are flattened into one list of (token, slot,
-position), each attending to its slot's positions up to its own, with no padding and no mask (1.3-1.6x faster than
-the padded forward on SmolLM2's prefill shapes, benchmarks/README.md).
+position), each attending to its slot's positions up to its own, with no padding and no mask (faster than the padded
+forward on SmolLM2's prefill shapes: benchmarks/README.md, `prefill_paths.py`).
 
 bfloat16 (docs/inference.md, "Precision"): weights, activations and the KV cache are bfloat16, as in transformers'
 bfloat16 forward; the projections run on weights prepacked for oneDNN (`_Projection`); norms, RoPE, attention
@@ -34,8 +34,8 @@ from thermik.models.architecture import apply_rope, rms_norm, unsupported_reason
 def _fuse(modules: list[torch.nn.Linear], transposed: bool) -> tuple[Tensor, Tensor | None]:
     """(W, bias) of the modules' weights stacked on the output dim; the modules' weights (and biases) become views of
     these tensors, so a weight update copied into the model lands here too. `transposed`: W^T stored [in, out]
-    contiguous, where `x @ W^T` runs on it (up to 2x faster than `F.linear(x, W)` for decode-sized batches on CPU
-    with several threads); else W [out, in] as the modules hold it (prepacked projections: a weight update is then
+    contiguous, where `x @ W^T` runs on it (faster than `F.linear(x, W)` for decode-sized batches on CPU with
+    several threads); else W [out, in] as the modules hold it (prepacked projections: a weight update is then
     a plain contiguous copy, and the prepacking reads it without a transpose)."""
     weight = torch.cat([m.weight.detach() for m in modules], dim=0)
     weight = weight.t().contiguous() if transposed else weight.contiguous()
@@ -68,7 +68,7 @@ def can_prepack(dtype: torch.dtype, device: torch.device) -> bool:
 class _Projection:
     """`x @ W^T (+ b)` over the fused weight of one or more HF linear modules (their parameters are views of it).
     With `prepack` the weight ([out, in]) is also kept in oneDNN's blocked layout: at decode shapes a bfloat16
-    product on it is ~2x faster than `x @ W^T`, whose oneDNN call re-lays the weight out every time
+    product on it is faster than `x @ W^T`, whose oneDNN call re-lays the weight out every time
     (benchmarks/README.md). With a packed `fmt` ("float32", "bf16", "int8": cpu/gemm.py) a float32 weight is also
     kept in that format's panels, products run on thermik's kernels. `repack()` refreshes either copy after the
     weights change. Otherwise the weight is stored transposed for BLAS (`_fuse`)."""
@@ -153,7 +153,7 @@ def _flatten(tokens: Tensor, slots: Tensor | slice, starts: Tensor, last: Tensor
 def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, num_kv_heads: int) -> Tensor:
     """Attention of q [B, H, T, D] over k, v [B, KV, L, D] (grouped-query) with an additive mask [B, 1, T, L].
     A decode step (T = 1) folds each KV head's query group into one small matmul: no repeated keys/values and
-    no flash-attention tiling for a single query row (25% faster than SDPA here at batch 64)."""
+    no flash-attention tiling for a single query row (faster than SDPA at decode batch sizes)."""
     batch, heads, width, dim = q.shape
     if width != 1:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=num_kv_heads != heads)
@@ -172,7 +172,7 @@ class NativeCausalLM:
     def __init__(self, model: PreTrainedModel, formats: tuple[str, ...] = ("blas",)) -> None:
         """`formats`: the projection weight formats to choose from ("blas" or cpu/gemm.py's FORMATS; one is
         taken as it is, several are timed on the model's first MLP weight and the fastest kept:
-        cpu/precision.py's `projection_formats`)."""
+        cpu/engine_precision.py's `projection_formats`)."""
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the native forward does not support this model: {reason}")

@@ -157,8 +157,8 @@ def sample(
 ) -> torch.Tensor:
     """Draw one token id per row from softmax(logits) (logits as returned by `process_logits`). Returns [B] long.
 
-    Inverse-CDF sampling with one float64 uniform per row (the exponential race used before drew V random
-    numbers per row and was 7-17x slower at 64 x 49152, benchmarks/sampling_speed.py). Two levels keep it cheap
+    Inverse-CDF sampling with one float64 uniform per row (the exponential race draws V random numbers per row
+    and is several times slower: benchmarks/README.md, `sampling_speed.py`). Two levels keep it cheap
     and exact to the softmax's own float32 precision: float64 prefix sums of the `_BLOCK`-token block masses
     (float32 sums) pick a block, then float64 prefix sums inside that block pick the token, with the remainder
     rescaled to the block's float64 mass. A row given its own generator in `row_generators` draws

@@ -42,7 +42,7 @@ class Preset:
     num_kv_heads: int
     intermediate_size: int
     initializer_range: float = INITIALIZER_RANGE
-    template: str = "chatml-tools"  # a name in models.chat_template.CHAT_TEMPLATES
+    template: str = "chatml-tools"  # a name in models.chat.CHAT_TEMPLATES
 
     @property
     def head_dim(self) -> int:

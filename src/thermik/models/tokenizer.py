@@ -10,7 +10,7 @@ from __future__ import annotations
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from thermik.models.chat_template import CHAT_TEMPLATES
+from thermik.models.chat import CHAT_TEMPLATES
 
 PAD_TOKEN = "<|endoftext|>"
 EOS_TOKEN = "<|im_end|>"

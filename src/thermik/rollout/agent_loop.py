@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from thermik.config.schema import RolloutConfig, SamplingConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.envs.base import Env, StepOutput
 from thermik.errors import ThermikError
 from thermik.inference.base import InferenceEngine, SamplingParams
-from thermik.rollout.history import NextPrompt, PromptHistory
+from thermik.models.chat import ChatTokenizer, NextPrompt, PromptHistory
 from thermik.rollout.step_wise import EpisodeSamples, StepWise
 from thermik.rollout.thinking import assistant_message, split_thinking, think_token_ids, thinking_token_count
 from thermik.rollout.trajectory import Trajectory
@@ -273,8 +272,8 @@ async def rollout_row(
     """One episode of a dataset row in a fresh environment (closed afterwards)."""
     env = make_env(row)
     try:
-        if env.plays_episode:  # another framework plays it and calls the engine back (rollout/verifiers.py)
-            from thermik.rollout.verifiers import play
+        if env.plays_episode:  # another framework plays it and calls the engine back (rollout/verifiers_episodes.py)
+            from thermik.rollout.verifiers_episodes import play
 
             traj = await play(engine, env, chat, row["prompt"], limits, sampling, group_id, seed)
         else:

@@ -15,9 +15,9 @@ import torch
 
 from thermik.algorithms.shaping import select_groups, zero_variance_rows
 from thermik.config.schema import RunConfig, SamplingConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.sampler import PromptSampler
 from thermik.inference.base import InferenceEngine
+from thermik.models.chat import ChatTokenizer
 from thermik.rollout.agent_loop import EnvFactory, LoopLimits, rollout_rows
 from thermik.rollout.evaluation import EvalResult, engine_player, evaluate, write_eval, write_records
 from thermik.rollout.model_rewards import ModelRewards, merge_metrics

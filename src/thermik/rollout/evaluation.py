@@ -16,8 +16,8 @@ from statistics import fmean
 from typing import Any
 
 from thermik.config.schema import SamplingConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.inference.base import InferenceEngine
+from thermik.models.chat import ChatTokenizer
 from thermik.rollout.agent_loop import EnvFactory, LoopLimits, PromptTooLongError, rollout_row
 from thermik.rollout.failures import FAILURE_CATEGORIES, SUCCESS_THRESHOLD
 from thermik.rollout.records import trajectory_record

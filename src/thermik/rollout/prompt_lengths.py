@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from thermik.data.chat_tokenizer import ChatTokenizer
+from thermik.models.chat import ChatTokenizer, PromptHistory
 from thermik.rollout.agent_loop import EnvFactory
-from thermik.rollout.history import PromptHistory
 
 
 @dataclass(frozen=True)

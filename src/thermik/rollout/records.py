@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from thermik.data.chat_tokenizer import ChatTokenizer
+from thermik.models.chat import ChatTokenizer
 from thermik.rollout.failures import classify
 from thermik.rollout.thinking import turn_text
 from thermik.rollout.trajectory import Trajectory

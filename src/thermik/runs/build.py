@@ -17,9 +17,9 @@ from thermik.assembly import components
 from thermik.assembly.hardware import check_hardware
 from thermik.atomic import writable_dir
 from thermik.config.schema import RunConfig, SFTConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
 from thermik.data.sampler import PromptSampler
 from thermik.inference.base import InferenceEngine, InProcessKVCache
+from thermik.models.chat import ChatTokenizer
 from thermik.models.context_window import context_window
 from thermik.models.loading import load_tokenizer
 from thermik.monitor.metrics import MetricsLogger

@@ -17,7 +17,7 @@ from thermik.assembly import components
 from thermik.atomic import writable_dir
 from thermik.config.loader import dump_toml
 from thermik.config.schema import EvalRunConfig, SamplingConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
+from thermik.models.chat import ChatTokenizer
 from thermik.monitor.plots import plot_series
 from thermik.monitor.progress import print_table
 from thermik.rollout.agent_loop import LoopLimits

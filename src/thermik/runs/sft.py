@@ -28,8 +28,8 @@ from thermik.runs.loop import LoopPlan, Mode, run_loop
 from thermik.runs.verdict import sft_verdict
 from thermik.tasks.registry import generate_rows
 from thermik.training.checkpoint import CheckpointManager
+from thermik.training.mixed_precision import autocast_dtype
 from thermik.training.optim import build_optimizer
-from thermik.training.precision import autocast_dtype
 from thermik.training.sft import auto_micro_batch_tokens, restore_sft_checkpoint, save_sft_checkpoint, sft_update
 
 

@@ -100,11 +100,11 @@ TASK_ENVS["repo_repair"] = "thermik.tasks.repo_repair.env:RepoRepairEnv"
 """The built-in env names -> "pkg.mod:Class", handed to thermik.envs.registry."""
 GENERATORS: dict[str, Generator] = {name: task.generator for name, task in TASKS.items()}
 PREFIXED_GENERATORS: dict[str, str] = {
-    "reasoning_gym:": "thermik.tasks.reasoning_gym",
-    "openenv:": "thermik.tasks.openenv",
-    "openenv+ws://": "thermik.tasks.openenv",
-    "openenv+wss://": "thermik.tasks.openenv",
-    "verifiers:": "thermik.tasks.verifiers",
+    "reasoning_gym:": "thermik.tasks.reasoning_gym_rows",
+    "openenv:": "thermik.tasks.openenv_rows",
+    "openenv+ws://": "thermik.tasks.openenv_rows",
+    "openenv+wss://": "thermik.tasks.openenv_rows",
+    "verifiers:": "thermik.tasks.verifiers_rows",
 }
 """Environment ecosystems by name prefix -> the module of their rows: `check(env)`, `rows(env, n, seed, split,
 options)` and `solve(row, options)` (imported on first use)."""

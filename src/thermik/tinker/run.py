@@ -17,7 +17,7 @@ from thermik.tinker.sampler import Samplers
 from thermik.tinker.service import Service
 from thermik.tinker.store import Store
 from thermik.tinker.trainer import Trainer
-from thermik.training.precision import autocast_dtype
+from thermik.training.mixed_precision import autocast_dtype
 
 KEEP_ALIVE_S = 75  # longer than the SDK's 45 s long polls, so pooled connections stay open
 

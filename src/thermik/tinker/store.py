@@ -110,10 +110,6 @@ class Store:
             return None
         return {"base_model": rows[0][0], "lora": json.loads(rows[0][1]), "boot": rows[0][2]}
 
-    def model_by_key(self, idem_key: str) -> str | None:
-        rows = self._run("SELECT model_id FROM models WHERE idem_key = ?", (idem_key,))
-        return rows[0][0] if rows else None
-
     # checkpoints
     def add_checkpoint(self, tinker_path: str, model_id: str, kind: str, name: str, directory: str, size: int) -> None:
         self._run(

@@ -22,7 +22,7 @@ from thermik.atomic import publish_dir
 from thermik.models.loading import load_model
 from thermik.tinker.losses import compute_loss
 from thermik.tinker.wire import Datum
-from thermik.training.precision import set_lm_head_precision, train_autocast
+from thermik.training.mixed_precision import set_lm_head_precision, train_autocast
 from thermik.training.vocab_logprobs import vocab_logprobs
 
 LORA_ALPHA = 32.0  # Tinker scales every rank's update by a fixed alpha
@@ -69,7 +69,7 @@ class Trainer:
         lm_head_precision: str = "auto",
     ) -> None:
         """autocast: bfloat16 runs forward_backward in mixed precision, with the lm head in `lm_head_precision`
-        (thermik.training.precision)."""
+        (thermik.training.mixed_precision)."""
         base = load_model(model_dir, dtype=dtype, device=device).requires_grad_(False)
         if autocast is not None:
             print(

@@ -1,6 +1,6 @@
 """MCPPool: MCP client sessions over stdio and streamable HTTP, shared or private per rollout.
 
-Spawning and initializing a Python MCP server costs ~1 s, a call ~2-3 ms, and one stdio
+Spawning and initializing a Python MCP server costs far more than a call, and one stdio
 session multiplexes concurrent calls, so a stateless server is started once per pool
 (lazily, inside the running event loop) and shared. A stateful server (`ServerSpec.data_path`
 or `stateful=True`) gets a fresh process per rollout through `open_session`, pointed at a

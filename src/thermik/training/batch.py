@@ -50,7 +50,7 @@ class TokenBatch:
 def collate(trajs: list[Trajectory], seq_adv: torch.Tensor | None, pad_id: int) -> TokenBatch:
     """One row per training sample: each episode's samples (`Trajectory.samples`, rollout.step_wise) in order, with
     the episode's group id and its index in `trajs` as episode id. seq_adv [len(trajs)]: one advantage per episode,
-    broadcast to its sampled tokens; None leaves adv at 0 for `training/shaping.assign_advantages` to fill. No
+    broadcast to its sampled tokens; None leaves adv at 0 for `training/batch_advantages.assign_advantages` to fill. No
     trajectories give a batch of no rows (a step with nothing to train: its update is skipped)."""
     rows = [(e, s) for e, t in enumerate(trajs) for s in t.samples]
     lengths = [len(s.prompt_ids) + len(s.response_ids) for _, s in rows]

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
-from thermik.training.precision import Float32LMHead
+from thermik.training.mixed_precision import Float32LMHead
 from thermik.training.vocab_logprobs import vocab_backward, vocab_forward
 
 

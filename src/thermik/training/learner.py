@@ -27,12 +27,12 @@ from thermik.memory import release_freed_memory
 from thermik.training import reference
 from thermik.training.algo_state import AlgorithmState
 from thermik.training.batch import TokenBatch
+from thermik.training.batch_advantages import apply_distillation, assign_advantages
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
 from thermik.training.critic import Critic
 from thermik.training.loss import LossSetup
+from thermik.training.mixed_precision import autocast_dtype
 from thermik.training.optim import build_optimizer
-from thermik.training.precision import autocast_dtype
-from thermik.training.shaping import apply_distillation, assign_advantages
 from thermik.training.speed import apply_train_speed
 from thermik.training.teacher import Teacher, build_teacher
 from thermik.training.update import logprobs_no_grad, policy_update
@@ -76,7 +76,7 @@ class Learner:
     critic: Critic | None = None  # advantage "gae" only
     start_step: int = 0
     update_threads: int = 0  # torch threads of the update thread; 0 inherits
-    autocast: torch.dtype | None = None  # model.train_precision resolved once (training/precision.py)
+    autocast: torch.dtype | None = None  # model.train_precision resolved once (training/mixed_precision.py)
     teacher: Teacher | None = None  # algorithm.teacher.source: on-policy distillation (training/teacher.py)
     split: UpdateSplit = field(default_factory=WholeBatch)  # a data-parallel rank's shard (distributed/)
     module: torch.nn.Module | None = None  # the plain model behind a data-parallel `policy` wrapper; None: policy

@@ -57,7 +57,7 @@ class LossSetup:
     max_nonfinite_steps: int
     reduce_fn: Callable[..., torch.Tensor] = field(repr=False)
     packing: bool = True  # rows packed together where the shared-prompt forward does not apply (training/packing.py)
-    autocast: torch.dtype | None = None  # bfloat16: mixed-precision forward (training/precision.py); None: float32
+    autocast: torch.dtype | None = None  # bfloat16: the mixed-precision forward (mixed_precision.py); None: float32
 
     @classmethod
     def from_config(

@@ -16,8 +16,8 @@ import torch
 
 from thermik.training.batch import model_device, token_logprobs
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
+from thermik.training.mixed_precision import train_autocast
 from thermik.training.packing import pack, packed_token_logprobs, unpack
-from thermik.training.precision import train_autocast
 
 Example = tuple[list[int], list[int]]  # (token ids, loss mask), as data/conversations.py encodes them
 
@@ -51,7 +51,7 @@ def sft_loss(
 ) -> torch.Tensor:
     """Negative log-likelihood of the trained tokens of `examples`, divided by `num_trained` (default: their own count,
     the mean; a micro-batch divides by its whole batch's count so that the micro-batches' gradients add up to the
-    batch's). Autocast: training/precision.py; the logprobs are float32 either way."""
+    batch's). Autocast: training/mixed_precision.py; the logprobs are float32 either way."""
     with train_autocast(model, autocast):
         logp, mask = sft_token_logprobs(model, examples, pad_id, pack_tokens)
     return -(logp * mask).sum() / (mask.sum().clamp(min=1) if num_trained is None else max(num_trained, 1))

@@ -143,7 +143,7 @@ def _forward(lm: torch.nn.Module, input_ids: Tensor, plan: PrefixPlan) -> tuple[
     """(prompt hidden [G, P, H], response hidden [B, S, H], response ids [B, S]) before the final norm.
 
     The responses run packed, [N, H] for their N real tokens: a group's responses differ in length by several
-    times, and padding them to the longest one computed ~1.8x the tokens trained (SmolLM2 example). Each row's
+    times, and padding them to the longest one would compute far more tokens than are trained. Each row's
     attention runs on its own queries, over its prompt's keys and, causally, its own (`_attend`)."""
     inner, cfg = lm.model, lm.config
     num_heads, num_kv = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads

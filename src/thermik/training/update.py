@@ -16,8 +16,8 @@ import torch
 from thermik.algorithms.health import NonFiniteGuard
 from thermik.training.batch import TokenBatch, model_device, token_logprobs
 from thermik.training.loss import LossSetup, MicroMetrics, micro_batch_loss, mini_batch_reduction
+from thermik.training.mixed_precision import train_autocast
 from thermik.training.packing import pack, packed_token_logprobs, unpack
-from thermik.training.precision import train_autocast
 from thermik.training.shared_prefix import token_logprobs_shared
 
 PER_TOKEN_FIELDS = ("mask", "rollout_logp", "adv", "old_logp", "ref_logp", "token_rewards", "values", "returns")
@@ -49,7 +49,7 @@ def batch_logprobs(
     """(logp, entropy) [B, L-1] of the micro-batch: each shared prompt computed once when `shared_prefix` and the
     model allow it (equal on the trained positions, `mb.mask`; the others are then 0), else, with `packing`, the
     rows packed together where that takes fewer rows (training/packing.py; 0 after each sequence), else the padded
-    forward. autocast: bfloat16 for mixed precision (training/precision.py); logp and entropy are float32 either
+    forward. autocast: bfloat16 for mixed precision (training/mixed_precision.py); logp and entropy are float32 either
     way."""
     with train_autocast(model, autocast):
         if shared_prefix and mb.prompt_lens is not None:

@@ -2,8 +2,8 @@
 
 A real model's logits are [tokens, vocabulary] = [2048, 49152] for a 8 x 256 batch of SmolLM2: 200 MB in bfloat16,
 400 MB once cast to float32. `torch.log_softmax` on them writes a float32 [N, V] result, keeps it for backward and
-then writes a float32 gradient and casts it back: four passes over 400 MB that miss every cache. Profiled, that
-vocabulary-sized float32 work was ~31% of a bf16-mixed training step on the 2-core CPU.
+then writes a float32 gradient and casts it back: four passes over 400 MB that miss every cache. Profiled on a 2-core
+CPU, that vocabulary-sized float32 work was a large share of a bf16-mixed training step.
 
 `VocabLogprobs` does the same arithmetic a row at a time and keeps only the logits (already alive in the graph, in
 their own dtype) and two float32 numbers per row (log-normaliser, entropy) for backward, where it recomputes the

@@ -7,8 +7,8 @@ import warnings
 
 from transformers import PreTrainedModel
 
+from thermik.cpu.engine_precision import apply_precision, projection_formats
 from thermik.cpu.gemm import PROBE_ROWS
-from thermik.cpu.precision import apply_precision, projection_formats
 from thermik.inference.embedded.engine import EmbeddedEngine
 from thermik.inference.hf_engine import HFEngine
 from thermik.models.architecture import unsupported_reason
@@ -20,7 +20,7 @@ def embedded_engine(
     model: PreTrainedModel, precision: str = "model", precision_asked_by: str | None = None, **kwargs
 ) -> EmbeddedEngine | HFEngine:
     """The embedded engine for `model`: native continuous batching when supported, else transformers (warned).
-    `precision` ("model", "float32", "bfloat16", "bf16-weights", "int8", "auto"; cpu/precision.py) casts `model` in
+    `precision` ("model", "float32", "bfloat16", "bf16-weights", "int8", "auto"; cpu/engine_precision.py) casts `model` in
     place first: the engine owns it. `precision_asked_by`: what asked for it, for the log line (default
     inference.precision)."""
     apply_precision(model, precision, precision_asked_by)

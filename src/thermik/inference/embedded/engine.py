@@ -62,7 +62,7 @@ class EmbeddedEngine:
     ) -> None:
         """`kv_cache_gb`: the KV cache's budget in GiB (2^30 bytes); None takes a quarter of the available RAM (on
         CUDA, of the free GPU memory; `kv_cache.default_budget_bytes` says why), `math.inf` sets no budget.
-        `weight_formats`: the projections' weight formats to choose from (`NativeCausalLM`; cpu/precision.py's
+        `weight_formats`: the projections' weight formats to choose from (`NativeCausalLM`; cpu/engine_precision.py's
         `projection_formats` for a precision name). `decode_graphs`: "auto" replays the decode step as CUDA graphs on a
         GPU and keeps the native forward on a CPU; "capture", "eager" (the same fixed-shape step, not captured) or
         "off" (the native forward) force one (decode_graphs.py)."""

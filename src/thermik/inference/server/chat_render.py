@@ -1,24 +1,14 @@
-"""Chat messages + tools -> prompt token ids through the model's own chat template."""
+"""A chat-completions request -> prompt token ids: the request's messages as chat templates expect them, rendered
+by thermik.models.chat (tools in the template, or in the system message where the template ignores them)."""
 
 from __future__ import annotations
 
 import json
-import warnings
 from typing import Any
 
 from thermik.inference.server.errors import ApiError
 from thermik.inference.server.protocol import ChatCompletionRequest, ChatMessage
-from thermik.models.chat_template import (
-    FALLBACK_CALL_INSTRUCTIONS,
-    ToolsIgnoredWarning,
-    template_renders_tools,
-    tools_system_text,
-    with_system_text,
-)
-from thermik.tools.parsers import format_hermes_tool_call
-
-_RENDERS_TOOLS: dict[str, bool] = {}
-"""Probe result per chat template text (the server reads tool calls with the hermes parser)."""
+from thermik.models.chat import render_with_tools
 
 
 def _content(message: ChatMessage) -> str | None:
@@ -58,31 +48,12 @@ def template_message(message: ChatMessage, index: int) -> dict[str, Any]:
 
 
 def render_chat(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
-    """Prompt ids of a chat request, ending with the generation prompt."""
+    """Prompt ids of a chat request, ending with the generation prompt (the server reads tool calls with the hermes
+    parser, so a template that ignores tools gets hermes calls in the system message)."""
     messages = [template_message(m, i) for i, m in enumerate(body.messages)]
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    if tools and not _renders_tools(tokenizer):  # never drop tools silently: put them in the system message
-        example = format_hermes_tool_call("function_name", {"argument_name": "value"})
-        messages = with_system_text(messages, tools_system_text(tools, FALLBACK_CALL_INSTRUCTIONS["hermes"], example))
-        tools = None
     try:
-        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        text = render_with_tools(tokenizer, messages, tools)
     except Exception as exc:  # a template refusing these messages (raise_exception, bad types) is a 400
         raise ApiError(400, f"the chat template cannot render these messages: {exc}", "messages") from exc
     return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def _renders_tools(tokenizer: Any) -> bool:
-    template = str(tokenizer.chat_template)
-    if template not in _RENDERS_TOOLS:
-        _RENDERS_TOOLS[template] = template_renders_tools(
-            lambda m, t: tokenizer.apply_chat_template(m, tools=t, tokenize=False)
-        )
-        if not _RENDERS_TOOLS[template]:
-            warnings.warn(
-                "the model's chat template ignores `tools`: requests with tools get the tool schemas in the system "
-                "message, calls in the hermes <tool_call> format",
-                ToolsIgnoredWarning,
-                stacklevel=3,
-            )
-    return _RENDERS_TOOLS[template]

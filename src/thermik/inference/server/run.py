@@ -25,8 +25,8 @@ def load_engine(
     precision: str = "model",
 ) -> tuple[Any, Any]:
     """(embedded engine, HF tokenizer) for the model in `model_path`, stopping at the tokenizer's eos and pad,
-    sampling in `precision` (cpu/precision.py's rule; `thermik inference` passes inference.precision, as every run
-    mode does).
+    sampling in `precision` (cpu/engine_precision.py's rule; `thermik inference` passes inference.precision, as every
+    run mode does).
 
     The one place the server builds its engine (tests use it too).
     """

@@ -13,7 +13,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from thermik.tasks.calculator.arith import ArithError, evaluate, format_number
-from thermik.tools.launch import module_server_spec
+from thermik.tools.mcp_launch import module_server_spec
 from thermik.tools.mcp_pool import ServerSpec
 
 TOOL_NAME = "calculate"

@@ -14,7 +14,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from thermik.tasks.code.sandbox_runner import SandboxLimits, run_python
-from thermik.tools.launch import module_server_spec
+from thermik.tools.mcp_launch import module_server_spec
 from thermik.tools.mcp_pool import ServerSpec
 
 TOOL_NAME = "run_python"

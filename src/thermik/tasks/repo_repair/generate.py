@@ -32,7 +32,7 @@ from thermik.tasks.repo_repair.grade import parse_outcomes
 from thermik.tasks.repo_repair.sandbox import Sandbox, SandboxLimits
 from thermik.tasks.repo_repair.templates import FAMILIES, Unit, families_for
 from thermik.tasks.repo_repair.tools import PYTEST
-from thermik.tools.launch import cache_dir
+from thermik.tools.mcp_launch import cache_dir
 
 logger = logging.getLogger(__name__)
 GENERATOR_VERSION = "1"

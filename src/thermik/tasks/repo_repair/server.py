@@ -20,7 +20,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from thermik.config.schema import RepoRepairConfig
 from thermik.tasks.repo_repair.sandbox import Sandbox, SandboxLimits
 from thermik.tasks.repo_repair.tools import SCHEMAS, RepoTools, ToolFailure
-from thermik.tools.launch import module_server_spec
+from thermik.tools.mcp_launch import module_server_spec
 from thermik.tools.mcp_pool import ServerSpec
 
 

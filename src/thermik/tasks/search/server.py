@@ -12,7 +12,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from thermik.tasks.search.corpus import default_index, format_results
-from thermik.tools.launch import module_server_spec
+from thermik.tools.mcp_launch import module_server_spec
 from thermik.tools.mcp_pool import ServerSpec
 
 MAX_K = 10

@@ -14,7 +14,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from thermik.tasks.text2sql.shop_db import QUERY_TIMEOUT_S, ReadOnlyDatabase, SQLError, database_path
-from thermik.tools.launch import module_server_spec
+from thermik.tools.mcp_launch import module_server_spec
 from thermik.tools.mcp_pool import ServerSpec
 
 DEFAULT_MAX_ROWS = 20

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thermik.tools.launch import cache_dir
+from thermik.tools.mcp_launch import cache_dir
 
 DB_VERSION = "shop-v1"
 SCHEMA = """

@@ -1,4 +1,4 @@
-"""Rows of `reasoning_gym:<task>` environments, generated in this process (thermik.envs.reasoning_gym scores them).
+"""Rows of `reasoning_gym:<task>` environments, generated in this process (thermik.envs.reasoning_gym_env scores them).
 
 Train and eval rows never share a question: each split draws from its own seed (2s for train, 2s + 1 for eval) and
 keeps only the questions `thermik.data.split.split_of` assigns to it. SFT conversations answer with the task's own
@@ -12,7 +12,7 @@ from typing import Any
 from thermik.config.schema import EnvConfig
 from thermik.data.split import SPLITS, Split, split_of
 from thermik.envs.base import Message
-from thermik.envs.reasoning_gym import PREFIX, check_task, dataset_config, entry, format_answer, system_prompt
+from thermik.envs.reasoning_gym_env import PREFIX, check_task, dataset_config, entry, format_answer, system_prompt
 
 CANDIDATES_PER_ROW = {"train": 2, "eval": 20}
 """Entries generated per wanted row (1 in 10 questions belongs to eval), plus a fixed 100. Some tasks precompute

@@ -16,28 +16,20 @@ import warnings
 from collections.abc import Collection
 from typing import Any
 
-from thermik.envs.base import Message
 from thermik.errors import ThermikError
-from thermik.models.chat_template import (
+from thermik.models.chat.template_tools import (
     FALLBACK_CALL_INSTRUCTIONS,
     ToolsIgnoredWarning,
+    fallback_tools_text,
     template_renders_tools,
     tool_name,
-    tools_system_text,
     with_system_text,
 )
-from thermik.tools.parsers import TOOL_CALL_FORMATTERS
+
+Message = dict[str, Any]  # a chat message, as thermik.envs.base.Message
 
 # A fixed conversation the observation deltas are rendered after; its content never reaches the model.
 _BASE: list[Message] = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
-
-__all__ = ["ChatTokenizer", "ToolsIgnoredWarning", "fallback_tools_text"]
-
-
-def fallback_tools_text(tools: list[dict[str, Any]], tool_format: str) -> str:
-    """The system-message tool block for a template that ignores tools, calls written as `tool_format` reads them."""
-    example = TOOL_CALL_FORMATTERS[tool_format]("function_name", {"argument_name": "value"})
-    return tools_system_text(tools, FALLBACK_CALL_INSTRUCTIONS[tool_format], example)
 
 
 class MissingChatTemplateError(ThermikError, ValueError):

@@ -13,7 +13,7 @@ from typing import Any
 from thermik.config.schema import EnvConfig
 from thermik.data.split import SPLITS, Split, split_of
 from thermik.envs.base import Message
-from thermik.envs.verifiers import PREFIX, bridge_for, checked, prompt_messages
+from thermik.envs.verifiers_env import PREFIX, bridge_for, checked, prompt_messages
 
 
 def check(env: str) -> None:

@@ -33,10 +33,6 @@ so ``return_assistant_tokens_mask=True`` marks exactly those tokens; the newline
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from typing import Any
-
 # Kept short on purpose: tiny character-level models pay for every prompt character in every step.
 TOOLS_INSTRUCTION_HEAD = "# Tools\n<tools>\n"
 TOOLS_INSTRUCTION_TAIL = '</tools>\nCall a tool as <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>'
@@ -168,73 +164,3 @@ QWEN3_THINKING_TEMPLATE = (
 
 CHAT_TEMPLATES: dict[str, str] = {"chatml-tools": CHATML_TOOL_TEMPLATE, "qwen3-thinking": QWEN3_THINKING_TEMPLATE}
 """The templates a preset can ship (`Preset.template`)."""
-
-
-# ---------------------------------------------------------------- templates that ignore tools
-
-PROBE_TOOL_NAME = "thermik_probe_tool"
-_PROBE_TOOL = {
-    "type": "function",
-    "function": {
-        "name": PROBE_TOOL_NAME,
-        "description": "Probe whether the chat template renders tools.",
-        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
-    },
-}
-_PROBE_MESSAGES = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-
-# How the fallback asks for a call, per tool parser (EnvConfig.tool_parser); callers add an example written by the
-# parser's own formatter (thermik.tools.parsers.TOOL_CALL_FORMATTERS), so the prompt shows the text the parser reads.
-FALLBACK_CALL_INSTRUCTIONS: dict[str, str] = {
-    "hermes": "For each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:",
-    "qwen3_coder": "To call a function, reply in the following format:",
-    "llama3": "To call a function, respond with a JSON object of the function name and its parameters:",
-}
-
-
-class ToolsIgnoredWarning(UserWarning):
-    """The chat template ignores `tools`; thermik renders the tool schemas into the system message instead."""
-
-
-Render = Callable[[list[dict[str, Any]], "list[dict[str, Any]] | None"], str]
-
-
-def template_renders_tools(render: Render) -> bool:
-    """Whether a template shows the model its tools: a probe conversation rendered with one tool must differ from
-    the same conversation without it and name the tool. A template that raises on `tools` counts as ignoring them."""
-    without = render(_PROBE_MESSAGES, None)
-    try:
-        with_tool = render(_PROBE_MESSAGES, [_PROBE_TOOL])
-    except Exception:  # jinja raises TemplateError; a template's raise_exception() anything
-        return False
-    return with_tool != without and PROBE_TOOL_NAME in with_tool
-
-
-def tool_name(tool: dict[str, Any]) -> str:
-    """Name of an OpenAI function spec ({"type": "function", "function": {...}}) or a bare function dict."""
-    return str(tool.get("function", tool).get("name", ""))
-
-
-def tools_system_text(tools: list[dict[str, Any]], call_instruction: str, call_example: str) -> str:
-    """The tool block the fallback puts in the system message: one JSON schema per line between `<tools>` tags
-    (Qwen2.5's layout), then how to call one, with an example written by the configured parser's formatter."""
-    schemas = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
-    return (
-        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-        f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{schemas}\n</tools>\n\n"
-        f"{call_instruction}\n{call_example}"
-    )
-
-
-def with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
-    """`messages` with `text` appended to the first system message (after a blank line), or a new one first."""
-    if messages and messages[0]["role"] == "system":
-        first = dict(messages[0])
-        content = first.get("content")
-        if isinstance(content, str) or content is None:
-            first["content"] = f"{content}\n\n{text}" if content else text
-        else:
-            first["content"] = [*content, {"type": "text", "text": f"\n\n{text}"}]
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]

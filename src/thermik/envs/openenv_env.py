@@ -31,9 +31,6 @@ from thermik.envs import openenv_action
 from thermik.envs.base import Env, Message, StepOutput
 from thermik.envs.openenv_action import OpenEnvSetupError
 
-INPROCESS_PREFIX = "openenv:"
-REMOTE_PREFIX = "openenv+ws://"
-SECURE_PREFIX = "openenv+wss://"
 _NOT_OBSERVED = {"done", "reward", "metadata"}
 
 

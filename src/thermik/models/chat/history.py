@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from thermik.data.chat_tokenizer import ChatTokenizer
-from thermik.envs.base import Message
+from thermik.models.chat.renderer import ChatTokenizer, Message
 
 
 @dataclass(frozen=True)

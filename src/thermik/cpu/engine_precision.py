@@ -26,13 +26,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Literal
 
 import torch
 
 from thermik.cpu.isa import capabilities, check_bf16
 
-Precision = Literal["model", "float32", "bfloat16", "bf16-weights", "int8", "auto"]
 PRECISIONS: tuple[str, ...] = ("model", "float32", "bfloat16", "bf16-weights", "int8", "auto")
 PACKED_PRECISIONS = {"bf16-weights": "bf16", "int8": "int8"}  # float32 models, projections on these packed weights
 AUTO_PRECISION_ENV = "THERMIK_AUTO_PRECISION"

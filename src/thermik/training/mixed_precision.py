@@ -15,10 +15,10 @@ bfloat16 lm head reached 0.035 and 0.30 held-out success after 1090 steps (seeds
 bf16-mixed with a float32 lm head 0.555 and 0.565. MiniMax-M1 (2025) raised its LM head to float32 for the same
 reason in RL (training/inference probability mismatch). It costs a float32 product of the head's size: on
 SmolLM2-135M, whose head (tied to the 49152-token embedding) holds 21% of the parameters, the plain forward and
-backward went from 597 to 404 tokens/s. "auto" therefore takes float32 where the head holds at most
-`FLOAT32_HEAD_MAX_SHARE` of the parameters (every byte-vocabulary preset), bf16 otherwise.
+backward is markedly slower with it (benchmarks/README.md, `trainer_mfu.py`). "auto" therefore takes float32 where
+the head holds at most `FLOAT32_HEAD_MAX_SHARE` of the parameters (every byte-vocabulary preset), bf16 otherwise.
 
-"auto" (the default) reuses the engine's rule for "auto" (`cpu/precision.auto_dtype`): bf16-mixed where the CPU
+"auto" (the default) reuses the engine's rule for "auto" (`cpu/engine_precision.auto_dtype`): bf16-mixed where the CPU
 reports AMX-BF16 or AVX512-BF16 or the GPU supports bfloat16, else float32; a model loaded in another dtype
 (`model.dtype`) trains in that dtype. The trainer prints which one runs and why.
 """
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from thermik.config.schema import ModelConfig
-from thermik.cpu.precision import auto_dtype
+from thermik.cpu.engine_precision import auto_dtype
 from thermik.models.architecture import unwrapped
 
 TRAIN_PRECISIONS: tuple[str, ...] = ("float32", "bf16-mixed", "auto")

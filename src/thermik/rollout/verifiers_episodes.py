@@ -1,6 +1,6 @@
 """verifiers episodes as thermik trajectories: serve the engine token-in, let verifiers play, convert the trace.
 
-For a `verifiers:<taskset>` row (thermik.envs.verifiers) the agent loop hands the episode to `play`: this process
+For a `verifiers:<taskset>` row (thermik.envs.verifiers_env) the agent loop hands the episode to `play`: this process
 serves its engine on loopback with thermik's inference app (`/inference/v1/generate`, verifiers' training-client
 wire format), verifiers plays the episode in its own venv and calls that endpoint for every model turn, and the
 trace it returns (token ids, sampled mask, logprobs, reward) becomes a Trajectory. Exact-prefix check: every
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from thermik.config.schema import SamplingConfig
-from thermik.data.chat_tokenizer import ChatTokenizer
-from thermik.envs.verifiers import BridgeError, VerifiersEnv
+from thermik.envs.verifiers_env import BridgeError, VerifiersEnv
 from thermik.inference.base import Generation, InferenceEngine
+from thermik.models.chat import ChatTokenizer
 from thermik.rollout.invariants import check_trajectory
 from thermik.rollout.step_wise import PrefixBreakError
 from thermik.rollout.trajectory import Trajectory
