@@ -20,8 +20,8 @@ def embedded_engine(
     model: PreTrainedModel, precision: str = "model", precision_asked_by: str | None = None, **kwargs
 ) -> EmbeddedEngine | HFEngine:
     """The embedded engine for `model`: native continuous batching when supported, else transformers (warned).
-    `precision` ("model", "float32", "bfloat16", "bf16-weights", "int8", "auto"; cpu/engine_precision.py) casts `model` in
-    place first: the engine owns it. `precision_asked_by`: what asked for it, for the log line (default
+    `precision` ("model", "float32", "bfloat16", "bf16-weights", "int8", "auto"; cpu/engine_precision.py) casts
+    `model` in place first: the engine owns it. `precision_asked_by`: what asked for it, for the log line (default
     inference.precision)."""
     apply_precision(model, precision, precision_asked_by)
     reason = unsupported_reason(model)
