@@ -45,3 +45,9 @@ _.__class__
 
 # Holds the loaded C library so its functions stay valid (cpu/kernels.py).
 _._lib
+
+# uvicorn reads it to stop the capture server (capture/registry.py).
+_.should_exit
+
+# The capture API's hand-off to a harness: base URL, key and model as one dict (docs/capture.md).
+_.client_config
