@@ -100,7 +100,7 @@ def single_process_update(
     if checkpoint is not None:
         extra = load_training_state(checkpoint, model, learner.optimizer)
         learner.scheduler.load_state_dict(extra["scheduler"])
-    metrics, _ = asyncio.run(train_on_batch(learner, copy.deepcopy(batch), 0, rollout_is_behaviour=False))
+    metrics, _ = asyncio.run(train_on_batch(learner, copy.deepcopy(batch), 0, asynchronous=False))
     return model, metrics
 
 

@@ -38,7 +38,7 @@ from thermik.runs.split_protocol import (
 )
 from thermik.runs.split_trainer import setup_trainer, train_split, wait_for_rollouts
 from thermik.training.batch import collate
-from thermik.training.learner import save_checkpoint
+from thermik.training.run_checkpoint import save_checkpoint
 
 
 def test_admission_rule() -> None:
