@@ -23,7 +23,7 @@ from thermik.config.schema import RunConfig, SFTConfig
 from thermik.errors import ThermikError
 from thermik.monitor.metrics import read_metrics
 from thermik.runs.resume import SAFE_KEYS, accept_config, check_resume, is_safe
-from thermik.runs.split_protocol import SplitLayout
+from thermik.runs.split.protocol import SplitLayout
 
 
 def _cfg(tmp_path: Path, *flags: str) -> RunConfig:

@@ -188,7 +188,7 @@ def test_an_empty_batch_crosses_the_split_files_and_skips_the_update(tiny_model_
     import torch
 
     from thermik.assembly import components
-    from thermik.runs.split_protocol import load_batch, save_batch
+    from thermik.runs.split.protocol import load_batch, save_batch
     from thermik.training.batch import collate
     from thermik.training.learner import build_learner, train_on_batch
 

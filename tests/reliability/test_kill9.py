@@ -51,3 +51,25 @@ def test_a_start_from_scratch_drops_the_metrics_of_an_earlier_attempt(tiny_model
         assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [r["step"] for r in read_metrics(tmp_path / "twice") if "time/step" in r]
     assert steps == [1, 2]
+
+
+RAY_KILLS = 5
+RAY_WEIGHTS_ATOL = 0.0  # float32, the same seeded sampling on the engine actor: a resumed run equals bit for bit
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_kill9_on_ray_then_resume_equals_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    """The same suite in the Ray mode (one trainer worker, one engine actor): 5 kills of the driver at random moments
+    of generation, the update on the worker, rank 0's checkpoint write and an MCP call, each followed by a resume."""
+    pytest.importorskip("ray")
+    figures = run_suite(tiny_model_dir, tmp_path, RAY_KILLS, seed=18, ray=True)
+    print(figures)
+    assert figures["kills"] == RAY_KILLS
+    assert all(figures["kills_by_phase"][p] >= 1 for p in PHASES), figures["kills_by_phase"]
+    assert figures["corrupt_checkpoints"] == 0 and figures["leaked_mcp_servers"] == 0
+    assert figures["samples_lost"] == 0 and figures["samples_repeated"] == 0
+    assert figures["steps_logged_ok"], f"every step 1..{STEPS} logged exactly once"
+    assert figures["weights_max_abs_diff"] <= RAY_WEIGHTS_ATOL
+    assert figures["metrics_max_abs_diff"] <= RAY_WEIGHTS_ATOL
+    assert figures["resumed_runs_matching"] == figures["chains"]

@@ -27,7 +27,7 @@ from thermik.config import load_config
 from thermik.config.schema import RunConfig
 from thermik.errors import ThermikError
 from thermik.rollout.staleness import is_asynchronous
-from thermik.runs.split_protocol import load_batch, save_batch
+from thermik.runs.split.protocol import load_batch, save_batch
 from thermik.runs.step import Rollout
 from thermik.training.batch import TokenBatch
 from thermik.training.learner import Learner, build_learner, train_on_batch

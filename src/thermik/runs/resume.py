@@ -27,7 +27,7 @@ from thermik.atomic import write_text_atomic
 from thermik.config.loader import dump_toml
 from thermik.config.schema import RunConfig, SFTConfig
 from thermik.errors import ThermikError
-from thermik.runs.split_protocol import SplitLayout
+from thermik.runs.split.protocol import SplitLayout
 from thermik.training.checkpoint import CheckpointManager
 
 CONFIG_FILE = "config.toml"

@@ -28,7 +28,7 @@ from thermik.rollout.staleness import max_staleness, staleness_metrics, within_s
 from thermik.rollout.trajectory import Trajectory, dump_trajectories
 from thermik.runs.build import Run, build_run, resume_logger
 from thermik.runs.loop import LoopPlan, Mode, run_loop
-from thermik.runs.split_protocol import (
+from thermik.runs.split.protocol import (
     META_FILE,
     TRAJECTORIES_FILE,
     SplitLayout,

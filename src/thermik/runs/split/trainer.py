@@ -19,7 +19,7 @@ from thermik.rollout.evaluation import EvalResult
 from thermik.rollout.staleness import is_asynchronous, max_staleness
 from thermik.runs.build import Run, build_run
 from thermik.runs.loop import LoopPlan, Mode, run_loop
-from thermik.runs.split_protocol import (
+from thermik.runs.split.protocol import (
     META_FILE,
     SplitLayout,
     load_batch,
