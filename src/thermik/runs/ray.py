@@ -101,7 +101,7 @@ def setup(cfg: RunConfig, dist: DistributedRun) -> RayMode:
 
 
 async def train(cfg: RunConfig) -> dict[str, Any]:
-    check_resume(cfg)  # a refused resume (another config, FSDP2) before Ray starts
+    check_resume(cfg)  # a refused resume (another config) before Ray starts
     dist = start(cfg)
     mode = None
     try:
