@@ -46,8 +46,8 @@ RAY_ARGS = ["--distributed.enabled", "true", "--distributed.num_trainers", "1", 
 
 
 def rl_args(model: Path, out: Path, name: str, ray: bool = False) -> list[str]:
-    return (RAY_ARGS if ray else []) + [
-        "rl", "--name", name, "--output_dir", str(out), "--model.path", str(model),
+    return [
+        "rl", *(RAY_ARGS if ray else []), "--name", name, "--output_dir", str(out), "--model.path", str(model),
         "--env.name", "echo_env:EchoEnv", "--env.max_turns", "1",
         "--trainer.steps", str(STEPS), "--trainer.prompts_per_step", str(PROMPTS), "--trainer.group_size", str(GROUP),
         "--rollout.max_generate_length", "12", "--algorithm.entropy_coef", "0.01",

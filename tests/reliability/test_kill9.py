@@ -16,20 +16,26 @@ from kill_suite import PHASES, STEPS, rl_args, run_suite, write_data
 from thermik.monitor.metrics import read_metrics
 
 
-@pytest.mark.slow
-def test_kill9_at_random_moments_then_resume_equals_an_uninterrupted_run(tiny_model_dir, tmp_path):
-    full = os.environ.get("RELIABILITY_FULL") == "1"
-    kills = int(os.environ.get("RELIABILITY_KILLS", "20")) if full else len(PHASES)
-    figures = run_suite(tiny_model_dir, tmp_path, kills, seed=18)
+def assert_resumes_equal_an_uninterrupted_run(figures: dict, kills: int, atol: float = 0.0) -> None:
+    """Every kill done, no partial checkpoint, no leaked server, no sample lost or repeated, every step logged once,
+    and the resumed runs' weights and metrics within `atol` of the uninterrupted run's (0: bit for bit)."""
     print(figures)
     assert figures["kills"] == kills
     assert all(figures["kills_by_phase"][p] >= 1 for p in PHASES), figures["kills_by_phase"]
     assert figures["corrupt_checkpoints"] == 0 and figures["leaked_mcp_servers"] == 0
     assert figures["samples_lost"] == 0 and figures["samples_repeated"] == 0
     assert figures["steps_logged_ok"], f"every step 1..{STEPS} logged exactly once"
-    assert figures["weights_identical_chains"] == figures["chains"], figures["weights_max_abs_diff"]
-    assert figures["metrics_max_abs_diff"] == 0.0
+    assert figures["weights_max_abs_diff"] <= atol
+    assert atol > 0 or figures["weights_identical_chains"] == figures["chains"], figures["weights_max_abs_diff"]
+    assert figures["metrics_max_abs_diff"] <= atol
     assert figures["resumed_runs_matching"] == figures["chains"]
+
+
+@pytest.mark.slow
+def test_kill9_at_random_moments_then_resume_equals_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    full = os.environ.get("RELIABILITY_FULL") == "1"
+    kills = int(os.environ.get("RELIABILITY_KILLS", "20")) if full else len(PHASES)
+    assert_resumes_equal_an_uninterrupted_run(run_suite(tiny_model_dir, tmp_path, kills, seed=18), kills)
 
 
 @pytest.mark.slow
@@ -64,12 +70,4 @@ def test_kill9_on_ray_then_resume_equals_an_uninterrupted_run(tiny_model_dir, tm
     of generation, the update on the worker, rank 0's checkpoint write and an MCP call, each followed by a resume."""
     pytest.importorskip("ray")
     figures = run_suite(tiny_model_dir, tmp_path, RAY_KILLS, seed=18, ray=True)
-    print(figures)
-    assert figures["kills"] == RAY_KILLS
-    assert all(figures["kills_by_phase"][p] >= 1 for p in PHASES), figures["kills_by_phase"]
-    assert figures["corrupt_checkpoints"] == 0 and figures["leaked_mcp_servers"] == 0
-    assert figures["samples_lost"] == 0 and figures["samples_repeated"] == 0
-    assert figures["steps_logged_ok"], f"every step 1..{STEPS} logged exactly once"
-    assert figures["weights_max_abs_diff"] <= RAY_WEIGHTS_ATOL
-    assert figures["metrics_max_abs_diff"] <= RAY_WEIGHTS_ATOL
-    assert figures["resumed_runs_matching"] == figures["chains"]
+    assert_resumes_equal_an_uninterrupted_run(figures, RAY_KILLS, RAY_WEIGHTS_ATOL)
