@@ -1,7 +1,8 @@
 """Kill -9 of `thermik rl` during generation, the update, a checkpoint write and an MCP call, each
 followed by a resume; the end state must equal an uninterrupted seeded run (kill_suite.py holds the machinery).
 
-Bounded in CI: one kill per phase in one chain (about 2 minutes on 2 shared cores). `RELIABILITY_FULL=1` runs
+Bounded in CI: one kill per phase in one chain (about 2 minutes on 2 shared cores); the Ray mode's 5 kills (about
+15 minutes on 2 loaded cores: each start brings up a local Ray) are marked `ray` too. `RELIABILITY_FULL=1` runs
 RELIABILITY_KILLS kills (default 20); `python tests/reliability/kill_suite.py --kills 20` prints the figures.
 """
 
