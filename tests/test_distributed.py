@@ -238,7 +238,8 @@ def test_on_write_error_behaves_on_ray_as_in_one_process(
         else:
             with pytest.warns(RuntimeWarning, match=r"checkpoint step_7 could not be written .*training goes on"):
                 assert trainer.save_checkpoint(7, {}) is None
-            assert trainer.update(uneven_batch(), 0)["policy/grad_norm"] > 0  # every rank is past the barrier
+            metrics = trainer.update(uneven_batch(), 0, cfg=dist_run.cfg)  # every rank is past the barrier
+            assert metrics["policy/grad_norm"] > 0
     finally:
         root.unlink()
         kept.rename(root)
