@@ -124,7 +124,7 @@ def test_one_rl_step_core() -> None:
     """Every run mode calls thermik.runs.step.rl_step; no mode keeps a step function of its own."""
     cores = [f"{path.relative_to(ROOT)}:{node.lineno}" for path, node in _functions() if node.name == "rl_step"]
     assert cores == ["src/thermik/runs/step.py:" + cores[0].rsplit(":", 1)[1]], cores
-    for mode in ("local", "ray", "split_trainer", "split_orchestrator"):
+    for mode in ("local", "ray", "split/trainer", "split/orchestrator"):
         source = (SRC / "runs" / f"{mode}.py").read_text()
         assert "rl_step(self, step)" in source, mode
 

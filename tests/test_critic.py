@@ -17,7 +17,7 @@ from thermik.config.schema import CriticConfig, ModelConfig, OptimizerConfig
 from thermik.runs.local import run_rl, setup
 from thermik.training.batch import TokenBatch
 from thermik.training.critic import Critic
-from thermik.training.learner import CRITIC_DIR
+from thermik.training.run_checkpoint import CRITIC_DIR
 
 # token 0: unclipped branch wins; token 1: the clipped branch wins (gradient cut); token 2: v = old; token 3 masked
 VALUES = [[1.0, 1.0, 0.5, 7.0]]

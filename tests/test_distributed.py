@@ -32,6 +32,7 @@ from thermik.runs import ray as ray_rl
 from thermik.training.batch import TokenBatch
 from thermik.training.checkpoint import load_training_state
 from thermik.training.learner import build_learner, train_on_batch
+from thermik.training.run_checkpoint import CheckpointWriteError
 
 pytestmark = pytest.mark.ray
 
@@ -100,7 +101,7 @@ def single_process_update(
     if checkpoint is not None:
         extra = load_training_state(checkpoint, model, learner.optimizer)
         learner.scheduler.load_state_dict(extra["scheduler"])
-    metrics, _ = asyncio.run(train_on_batch(learner, copy.deepcopy(batch), 0, rollout_is_behaviour=False))
+    metrics, _ = asyncio.run(train_on_batch(learner, copy.deepcopy(batch), 0, asynchronous=False))
     return model, metrics
 
 
@@ -214,6 +215,36 @@ def test_killed_engine_is_restarted_and_requests_resubmitted(dist_run: Distribut
     assert new_version == version + 1 == ray.get(actor.weight_version.remote())
 
 
+@pytest.mark.parametrize("on_error", ["stop", "continue"])
+def test_on_write_error_behaves_on_ray_as_in_one_process(
+    dist_run: DistributedRun, on_error: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint rank 0 cannot write (its checkpoints directory is a file): 'stop' raises CheckpointWriteError
+    in the driver with the single-process message, 'continue' warns there and the workers train on."""
+    trainer = dist_run.trainer
+    root = trainer.checkpoints.root
+    kept = root.with_name("checkpoints.kept")
+    root.mkdir(parents=True, exist_ok=True)
+    root.rename(kept)
+    root.write_text("not a directory")
+    cfg = dist_run.cfg.model_copy(
+        update={"checkpoint": dist_run.cfg.checkpoint.model_copy(update={"on_write_error": on_error})}
+    )
+    monkeypatch.setattr(trainer, "cfg", cfg)
+    try:
+        if on_error == "stop":
+            with pytest.raises(CheckpointWriteError, match=r"checkpoint step_7 could not be written .*'stop'"):
+                trainer.save_checkpoint(7, {})
+        else:
+            with pytest.warns(RuntimeWarning, match=r"checkpoint step_7 could not be written .*training goes on"):
+                assert trainer.save_checkpoint(7, {}) is None
+            metrics = trainer.update(uneven_batch(), 0, cfg=dist_run.cfg)  # every rank is past the barrier
+            assert metrics["policy/grad_norm"] > 0
+    finally:
+        root.unlink()
+        kept.rename(root)
+
+
 def test_trainer_crash_stops_run_with_checkpoint_intact(dist_run: DistributedRun) -> None:
     """Kills the DDP trainer group, so it runs after every other test of dist_run; frees its resources at the end."""
     trainer = dist_run.trainer
@@ -235,6 +266,24 @@ def fsdp_run(ray_cluster: Any, tiny_model_dir: Path, tmp_path_factory: pytest.Te
     run = start(cfg)
     yield run
     run.shutdown()
+
+
+@pytest.mark.slow
+def test_fsdp2_resumes_its_checkpoint(fsdp_run: DistributedRun) -> None:
+    """FSDP2 ranks load a checkpoint into their shards: weights, AdamW moments, schedule and RNG. The update after
+    the resume equals the update made right after the save."""
+    trainer = fsdp_run.trainer
+    trainer.update(uneven_batch(seed=3), 0)  # AdamW moments and a schedule step to save
+    saved = trainer.save_checkpoint(11, {"note": "fsdp2"})
+    at_save = trainer.state_dict()
+    trainer.update(uneven_batch(seed=4), 1)
+    first = trainer.state_dict()
+    trainer.update(uneven_batch(seed=5), 2)  # moves weights and moments away from the checkpoint's
+    extra = trainer.load_checkpoint(saved)
+    assert extra["step"] == 11 and extra["note"] == "fsdp2"
+    assert max_diff(trainer.state_dict(), at_save) == 0.0
+    trainer.update(uneven_batch(seed=4), 1)
+    assert max_diff(trainer.state_dict(), first) == 0.0, "the resumed optimizer state is the saved one"
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ def _params(learner) -> list[torch.Tensor]:
 
 
 def _train(learner, batch):
-    return asyncio.run(train_on_batch(learner, batch, 0, rollout_is_behaviour=False))[0]
+    return asyncio.run(train_on_batch(learner, batch, 0, asynchronous=False))[0]
 
 
 def _poisoned(culprit: str):

@@ -16,7 +16,7 @@ from thermik.config import load_config
 from thermik.config.modes import MODES, OPTION_RULES, OptionRule, run_mode
 from thermik.config.schema import RunConfig
 from thermik.runs.loop import rl_plan
-from thermik.runs.split_orchestrator import orchestrator_plan
+from thermik.runs.split.orchestrator import orchestrator_plan
 
 TESTS = Path(__file__).parent
 DOCS = TESTS.parent / "docs"

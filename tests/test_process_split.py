@@ -26,8 +26,8 @@ from thermik.inference.server.app import build_app
 from thermik.inference.weights import WEIGHTS_FILE, write_safetensors
 from thermik.rollout.staleness import within_staleness
 from thermik.rollout.trajectory import Trajectory
-from thermik.runs.split_orchestrator import load_new_weights, setup_orchestrator
-from thermik.runs.split_protocol import (
+from thermik.runs.split.orchestrator import load_new_weights, setup_orchestrator
+from thermik.runs.split.protocol import (
     DONE,
     META_FILE,
     SplitLayout,
@@ -36,9 +36,9 @@ from thermik.runs.split_protocol import (
     published_steps,
     save_batch,
 )
-from thermik.runs.split_trainer import setup_trainer, train_split, wait_for_rollouts
+from thermik.runs.split.trainer import setup_trainer, train_split, wait_for_rollouts
 from thermik.training.batch import collate
-from thermik.training.learner import save_checkpoint
+from thermik.training.run_checkpoint import save_checkpoint
 
 
 def test_admission_rule() -> None:

@@ -24,7 +24,7 @@ from thermik.config.schema import RunConfig, SFTConfig
 from thermik.errors import ThermikError
 from thermik.monitor.metrics import read_metrics
 from thermik.runs.resume import SAFE_KEYS, accept_config, check_resume, is_safe
-from thermik.runs.split_protocol import SplitLayout
+from thermik.runs.split.protocol import SplitLayout
 
 
 def _cfg(tmp_path: Path, *flags: str) -> RunConfig:
@@ -162,14 +162,15 @@ def test_split_processes_compare_their_own_saved_config(tmp_path: Path) -> None:
         check_resume(_cfg(tmp_path / "o", "--env.name", "echo"), orchestrator.orchestrator_dir)
 
 
-def test_an_fsdp2_run_with_checkpoints_is_refused_before_anything_starts(tmp_path: Path) -> None:
+def test_an_fsdp2_run_with_checkpoints_resumes(tmp_path: Path) -> None:
+    """FSDP2 ranks load the usual checkpoint layout into their shards (tests/test_distributed.py), so a run directory
+    with checkpoints is resumed under FSDP2 like under DDP, and a DDP run's checkpoints may go on under FSDP2."""
     flags = ("--distributed.enabled", "true", "--distributed.strategy", "fsdp2")
-    cfg = _cfg(tmp_path, *flags)
-    (cfg.run_dir / "checkpoints" / "step_2").mkdir(parents=True)
-    with pytest.raises(ThermikError, match=r"FSDP2 run cannot resume.*--distributed\.strategy ddp"):
-        check_resume(cfg)
-    assert check_resume(_cfg(tmp_path, *flags, "--checkpoint.resume", "false")) == []
-    assert check_resume(_cfg(tmp_path / "fresh", *flags)) == [], "a fresh FSDP2 run is not refused"
+    _with_checkpoint(_cfg(tmp_path, *flags))
+    assert check_resume(_cfg(tmp_path, *flags)) == []
+    _with_checkpoint(_cfg(tmp_path / "ddp", "--distributed.enabled", "true"))
+    changes = check_resume(_cfg(tmp_path / "ddp", *flags))
+    assert [(c.key, c.old, c.new) for c in changes] == [("distributed.strategy", "ddp", "fsdp2")]
 
 
 def test_an_accepted_config_keeps_each_earlier_one_beside_it(tmp_path: Path) -> None:

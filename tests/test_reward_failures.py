@@ -188,7 +188,7 @@ def test_an_empty_batch_crosses_the_split_files_and_skips_the_update(tiny_model_
     import torch
 
     from thermik.assembly import components
-    from thermik.runs.split_protocol import load_batch, save_batch
+    from thermik.runs.split.protocol import load_batch, save_batch
     from thermik.training.batch import collate
     from thermik.training.learner import build_learner, train_on_batch
 
@@ -198,7 +198,7 @@ def test_an_empty_batch_crosses_the_split_files_and_skips_the_update(tiny_model_
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     save_batch(collate([], None, 0), tmp_path)
     batch = load_batch(tmp_path)
-    metrics, seconds = asyncio.run(train_on_batch(learner, batch, 0, rollout_is_behaviour=False))
+    metrics, seconds = asyncio.run(train_on_batch(learner, batch, 0, asynchronous=False))
     assert len(batch) == 0 and metrics == {"health/skipped_update": 1.0, "batch/empty": 1.0} and seconds == 0.0
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
     assert not learner.optimizer.state, "no optimizer step was taken"

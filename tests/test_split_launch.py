@@ -18,7 +18,7 @@ from conftest import cli_env, run_thermik, short_rl_config, thermik_argv
 from orphans import left_after_kill
 
 from thermik.config import dump_toml
-from thermik.runs.split_protocol import SplitLayout, published_steps
+from thermik.runs.split.protocol import SplitLayout, published_steps
 
 
 def _free_port() -> int:

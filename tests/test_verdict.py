@@ -16,7 +16,7 @@ from thermik.data.dataset import write_rows
 from thermik.errors import NothingDoneError, ThermikError
 from thermik.models.context_window import context_window
 from thermik.rollout.agent_loop import LoopLimits
-from thermik.runs.split_protocol import SplitLayout, published_steps
+from thermik.runs.split.protocol import SplitLayout, published_steps
 from thermik.runs.verdict import PromptLimit, eval_verdict, rl_verdict
 from thermik.tasks.registry import generate_rows
 

@@ -91,7 +91,7 @@ def _cmd_rl(cfg: RunConfig) -> None:
 
 
 def _cmd_split(cfg: RunConfig, argv: list[str]) -> None:
-    from thermik.runs.split_launch import launch_split
+    from thermik.runs.split.launch import launch_split
 
     code = launch_split(_bare_record(argv), cfg.server, cfg.inference.base_url)
     if code:
@@ -111,8 +111,8 @@ def _cmd_eval(cfg: EvalRunConfig) -> None:
 
 
 def _cmd_trainer(cfg: RunConfig) -> None:
-    from thermik.runs.split_protocol import SplitTimeout
-    from thermik.runs.split_trainer import run_trainer
+    from thermik.runs.split.protocol import SplitTimeout
+    from thermik.runs.split.trainer import run_trainer
 
     try:
         print(json.dumps(run_trainer(cfg)))
@@ -121,8 +121,8 @@ def _cmd_trainer(cfg: RunConfig) -> None:
 
 
 def _cmd_orchestrator(cfg: RunConfig) -> None:
-    from thermik.runs.split_orchestrator import run_orchestrator
-    from thermik.runs.split_protocol import SplitTimeout
+    from thermik.runs.split.orchestrator import run_orchestrator
+    from thermik.runs.split.protocol import SplitTimeout
 
     try:
         print(json.dumps(run_orchestrator(cfg)))
@@ -335,7 +335,7 @@ def _dispatch(argv: list[str]) -> int:
         print(__doc__)
         return 0
     cmd, rest = argv[0], argv[1:]
-    if cmd == "rl" and "--split" in rest:  # the split run's three processes (runs/split_launch.py)
+    if cmd == "rl" and "--split" in rest:  # the split run's three processes (runs/split/launch.py)
         rest = [a for a in rest if a != "--split"]
         split_run = lambda cfg: _cmd_split(cfg, rest)  # noqa: E731
         return _run_configured(RunConfig, _bare_record(rest), split_run, "rl --split", split=True)

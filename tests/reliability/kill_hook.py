@@ -1,5 +1,5 @@
-"""`python kill_hook.py SPEC_JSON rl ARGS...`: `thermik rl` with probes on its phases, which SIGKILL the process at
-a chosen moment and record the order in which the sampler handed out prompts.
+"""`python kill_hook.py SPEC_JSON rl ARGS...`: `thermik rl` (local or Ray mode) with probes on its phases, which
+SIGKILL the process at a chosen moment and record the order in which the sampler handed out prompts.
 
 SPEC: {"log": dir} plus, for a kill, {"phase": generation|update|checkpoint|mcp, "occurrence": k, "delay_s": d}:
 `d` seconds into the k-th entry into `phase` (an async phase shorter than `d`: as it completes; the blocking
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import thermik.runs.local as local
+import thermik.runs.ray as ray_mode
 from thermik.cli import main
 from thermik.tools.mcp_pool import MCPPool
 
@@ -108,6 +109,11 @@ _sample = _probe_async(local.sample_rollout, "generation")
 local.sample_rollout = _recorded_rollout
 local.learner_update = _probe_async(local.learner_update, "update")
 local.save_checkpoint = _probe_sync(local.save_checkpoint, "checkpoint")
+# The Ray mode (distributed.enabled): the same phases, as the driver sees them (the update and the checkpoint write
+# run on the trainer worker while the driver waits; killing the driver takes its local Ray down with it).
+ray_mode.sample_rollout = _recorded_rollout
+ray_mode.RayMode.update = _probe_async(ray_mode.RayMode.update, "update")
+ray_mode.RayMode.save = _probe_sync(ray_mode.RayMode.save, "checkpoint")
 MCPPool.call_tool = _probe_async(MCPPool.call_tool, "mcp")
 
 if __name__ == "__main__":

@@ -39,9 +39,15 @@ def write_data(out: Path) -> None:
     write_rows(out / "eval.jsonl", generate_rows("reverse_text", 2, 0, split="eval"))
 
 
-def rl_args(model: Path, out: Path, name: str) -> list[str]:
+# The Ray mode: one trainer worker and one engine actor on a local Ray (started by each `thermik rl` and taken down
+# with it when it is killed).
+RAY_ARGS = ["--distributed.enabled", "true", "--distributed.num_trainers", "1", "--distributed.num_engines", "1",
+            "--distributed.cpus_per_actor", "0.5"]  # fmt: skip
+
+
+def rl_args(model: Path, out: Path, name: str, ray: bool = False) -> list[str]:
     return [
-        "rl", "--name", name, "--output_dir", str(out), "--model.path", str(model),
+        "rl", *(RAY_ARGS if ray else []), "--name", name, "--output_dir", str(out), "--model.path", str(model),
         "--env.name", "echo_env:EchoEnv", "--env.max_turns", "1",
         "--trainer.steps", str(STEPS), "--trainer.prompts_per_step", str(PROMPTS), "--trainer.group_size", str(GROUP),
         "--rollout.max_generate_length", "12", "--algorithm.entropy_coef", "0.01",
@@ -58,6 +64,7 @@ def _env(marker: Path) -> dict[str, str]:
     env["THERMIK_AUTO_PRECISION"] = "float32"
     # src for thermik, tests/ for fixtures.faulty_server (echo_env's MCP server)
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.setdefault("RAY_AUTH_MODE", "disabled")  # a local Ray in the Ray mode
     return env | {"RELIABILITY_MARKER": str(marker), "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -115,7 +122,9 @@ def _kill_plan(rng: random.Random, phase: str, remaining: int) -> dict[str, Any]
     return {"phase": phase, "occurrence": occurrence, "delay_s": rng.uniform(0, MAX_DELAY_S[phase])}
 
 
-def kill_chain(model: Path, out: Path, name: str, phases: list[str], rng: random.Random) -> dict[str, Any]:
+def kill_chain(
+    model: Path, out: Path, name: str, phases: list[str], rng: random.Random, ray: bool = False
+) -> dict[str, Any]:
     """Kill the run once per entry of `phases`, checking what each kill left; then run it to the end."""
     ckpt, log = out / name / "checkpoints", out / f"{name}.log"
     log.mkdir(parents=True, exist_ok=True)
@@ -125,7 +134,9 @@ def kill_chain(model: Path, out: Path, name: str, phases: list[str], rng: random
         remaining = STEPS - latest_step(ckpt)
         if remaining <= 0:
             break
-        proc = run_hooked(rl_args(model, out, name), {"log": str(log), **_kill_plan(rng, phase, remaining)}, marker)
+        proc = run_hooked(
+            rl_args(model, out, name, ray), {"log": str(log), **_kill_plan(rng, phase, remaining)}, marker
+        )
         if proc.returncode != -9:
             figures["not_killed"] += 1
             if proc.returncode != 0:
@@ -134,7 +145,7 @@ def kill_chain(model: Path, out: Path, name: str, phases: list[str], rng: random
         figures["kills"].append(json.loads((log / "kills.jsonl").read_text().splitlines()[-1]) | {"resume": remaining})
         figures["corrupt"] += corrupt_checkpoints(ckpt)
         figures["leaked"] += leaked_servers(marker)
-    final = run_hooked(rl_args(model, out, name), {"log": str(log)}, marker)
+    final = run_hooked(rl_args(model, out, name, ray), {"log": str(log)}, marker)
     if final.returncode != 0:
         raise RuntimeError(f"{name}: the resumed run failed with {final.returncode}:\n{final.stderr[-3000:]}")
     figures["leaked"] += leaked_servers(marker)
@@ -182,13 +193,14 @@ def compare(out: Path, name: str, reference: str) -> dict[str, Any]:
     }
 
 
-def run_suite(model: Path, workdir: Path, kills: int, seed: int = 0) -> dict[str, Any]:
-    """`kills` kills over chains of CHAIN kills (phases in turn, random moments); returns the figures."""
+def run_suite(model: Path, workdir: Path, kills: int, seed: int = 0, ray: bool = False) -> dict[str, Any]:
+    """`kills` kills over chains of CHAIN kills (phases in turn, random moments); returns the figures. ray: every
+    run (the reference too) in the Ray mode."""
     rng = random.Random(seed)
     write_data(workdir)
     t0 = time.perf_counter()
     (workdir / "reference.log").mkdir()
-    reference = run_hooked(rl_args(model, workdir, "reference"), {"log": str(workdir / "reference.log")},
+    reference = run_hooked(rl_args(model, workdir, "reference", ray), {"log": str(workdir / "reference.log")},
                            workdir / "reference.marker")  # fmt: skip
     if reference.returncode != 0:
         raise RuntimeError(f"the reference run failed:\n{reference.stderr[-3000:]}")
@@ -198,7 +210,7 @@ def run_suite(model: Path, workdir: Path, kills: int, seed: int = 0) -> dict[str
         first = len(kills_done)
         phases = [PHASES[i % len(PHASES)] for i in range(first, min(kills, first + CHAIN))]
         name = f"killed{len(chains)}"
-        chains.append(kill_chain(model, workdir, name, phases, rng) | compare(workdir, name, "reference"))
+        chains.append(kill_chain(model, workdir, name, phases, rng, ray) | compare(workdir, name, "reference"))
         kills_done += chains[-1]["kills"]
     return {
         "kills": len(kills_done),
@@ -222,6 +234,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ray", action="store_true", help="run every `thermik rl` in the Ray mode")
     parser.add_argument("--model", type=Path, help="a model directory (default: a fresh qwen2-1m)")
     parser.add_argument("--fuzz-cases", type=int, default=0, help="also fuzz each tool-call parser with N strings")
     parser.add_argument("--workdir", type=Path, help="keep the runs here (default: a temporary directory)")
@@ -243,7 +256,7 @@ def main() -> None:
             from thermik.models.presets import init_model
 
             model = init_model("qwen2-1m", Path(tmp) / "qwen2-1m", seed=0)
-        print(json.dumps(run_suite(model, Path(tmp), args.kills, args.seed), indent=2))
+        print(json.dumps(run_suite(model, Path(tmp), args.kills, args.seed, args.ray), indent=2))
 
 
 if __name__ == "__main__":

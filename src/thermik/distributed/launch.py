@@ -27,6 +27,7 @@ from thermik.inference.base import next_version
 from thermik.lifetime import child_pids, start_reaper
 from thermik.training.batch import TokenBatch
 from thermik.training.checkpoint import CheckpointManager
+from thermik.training.run_checkpoint import CheckpointWriteFailure, on_write_error
 
 
 class TrainerWorkerError(RuntimeError):
@@ -69,7 +70,6 @@ class DistributedTrainer:
         self.cfg = cfg
         self.workers = workers
         self.checkpoints = CheckpointManager(cfg.run_dir / "checkpoints", keep=cfg.checkpoint.keep)
-        self._fsdp2 = cfg.distributed.strategy == "fsdp2"  # an FSDP2 run resumes as DDP (runs/resume.py)
 
     @classmethod
     def start(cls, cfg: RunConfig, pg: Any, slots: list[Any]) -> DistributedTrainer:
@@ -100,20 +100,19 @@ class DistributedTrainer:
                 self.shutdown()
                 latest = self.checkpoints.latest()
                 where = f"the last complete checkpoint is {latest}" if latest else "no checkpoint was written yet"
-                again = "run it again" + (" with --distributed.strategy ddp" if self._fsdp2 else "")
                 raise TrainerWorkerError(
                     f"trainer worker rank {rank} of {len(self.workers)} failed ({type(err).__name__}: "
                     f"{str(err).splitlines()[0]}); the run is stopped and {where}. "
-                    f"To continue from it, {again} (checkpoint.resume = true)."
+                    "To continue from it, run it again (checkpoint.resume = true)."
                 ) from err
         return [results[r] for r in range(len(refs))]
 
     def update(
-        self, batch: TokenBatch, step: int, off_policy: bool = False, cfg: RunConfig | None = None
+        self, batch: TokenBatch, step: int, asynchronous: bool = False, cfg: RunConfig | None = None
     ) -> dict[str, float]:
         """train_on_batch on every rank (ranks merge their metrics: rank 0's are the update's). cfg: this update's
         config instead of the run's (tests vary the reduction and mini-batches)."""
-        return self._get([w.update.remote(batch, step, off_policy, cfg) for w in self.workers])[0]
+        return self._get([w.update.remote(batch, step, asynchronous, cfg) for w in self.workers])[0]
 
     def grads(self) -> dict[str, Any]:
         return self._get([w.grads.remote() for w in self.workers])[0]
@@ -121,10 +120,14 @@ class DistributedTrainer:
     def state_dict(self) -> dict[str, Any]:
         return self._get([w.state_dict.remote() for w in self.workers])[0]
 
-    def save_checkpoint(self, step: int, extra: dict[str, Any]) -> Path:
-        root, keep = str(self.checkpoints.root), self.checkpoints.keep
-        paths = self._get([w.save_checkpoint.remote(root, keep, step, extra) for w in self.workers])
-        return Path(paths[0])
+    def save_checkpoint(self, step: int, extra: dict[str, Any]) -> Path | None:
+        """checkpoints/step_<step> by the one writer of every mode (rank 0 writes); a failed write stops the run or
+        goes on without it as checkpoint.on_write_error says (None then)."""
+        written = self._get([w.save_checkpoint.remote(step, extra) for w in self.workers])[0]
+        if isinstance(written, CheckpointWriteFailure):
+            on_write_error(self.cfg.checkpoint, written)
+            return None
+        return Path(written)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         return self._get([w.load_checkpoint.remote(str(path)) for w in self.workers])[0]
@@ -146,14 +149,14 @@ class DistributedRun:
     _spec: Any = None  # names, shapes, dtypes of the broadcast weights (fixed for a run)
     _group_epoch: int = -1  # engines.num_restarts when the weight group was formed; -1: not formed
 
-    async def update(self, batch: TokenBatch, step: int, off_policy: bool = False) -> dict[str, float]:
+    async def update(self, batch: TokenBatch, step: int, asynchronous: bool = False) -> dict[str, float]:
         """The learner step on the trainer workers, in a thread (asynchronous rollouts go on meanwhile). Colocated
-        engines sleep meanwhile (free GPU memory; no-op on CPU), unless they keep generating (off_policy)."""
-        colocated = self.cfg.distributed.placement == "colocated" and not off_policy
+        engines sleep meanwhile (free GPU memory; no-op on CPU), unless they keep generating (asynchronous)."""
+        colocated = self.cfg.distributed.placement == "colocated" and not asynchronous
         if colocated:
             await asyncio.gather(*(a.sleep.remote() for a in self.engines.actors))
         try:
-            return await asyncio.to_thread(self.trainer.update, batch, step, off_policy)
+            return await asyncio.to_thread(self.trainer.update, batch, step, asynchronous)
         finally:
             if colocated:
                 await asyncio.gather(*(a.wake_up.remote() for a in self.engines.actors))

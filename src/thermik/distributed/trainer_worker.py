@@ -23,29 +23,12 @@ from thermik.assembly.guards import checksum
 from thermik.config.schema import DistributedConfig, RunConfig
 from thermik.distributed import comm
 from thermik.distributed.parallel import ShardScaledPolicy, full_grads, full_state_dict, unwrap, wrap_policy
+from thermik.distributed.rank_state import RankState
 from thermik.distributed.sharding import Shard, merge_metrics, shard_batch
 from thermik.training.batch import TokenBatch, token_logprobs
-from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
-from thermik.training.learner import CRITIC_DIR, Learner, build_learner, train_on_batch
+from thermik.training.learner import Learner, build_learner, train_on_batch
 from thermik.training.optim import build_optimizer
-
-
-class _FullModel:
-    """save_pretrained of an FSDP2 model from its gathered full state dict (rank 0 writes)."""
-
-    def __init__(self, model: Any, state: dict[str, torch.Tensor]) -> None:
-        self.model, self.state = model, state
-
-    def save_pretrained(self, path: Path) -> None:
-        self.model.save_pretrained(path, state_dict=self.state)
-
-
-class _FullOptimizer:
-    def __init__(self, state: dict[str, Any]) -> None:
-        self.state = state
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.state
+from thermik.training.run_checkpoint import CheckpointWriteFailure, restore, write_checkpoint
 
 
 class RankShare:
@@ -98,14 +81,15 @@ class TrainerWorker:
         self.policy, self.optimizer, self.scheduler = learner.policy, learner.optimizer, learner.scheduler
         self.share = RankShare(self.policy, self.rank, self.world_size, self.cfg)
         self.learner.split = self.share
+        self.learner.state_view = RankState(self.policy, self.optimizer, self.rank, dc.strategy == "fsdp2")
         return os.getpid()
 
     # ------------------------------------------------------------------ training
 
     def update(
-        self, batch: TokenBatch, step: int, off_policy: bool = False, cfg: RunConfig | None = None
+        self, batch: TokenBatch, step: int, asynchronous: bool = False, cfg: RunConfig | None = None
     ) -> dict[str, float]:
-        """The learner step of every run mode on the whole batch (this rank trains its shard). off_policy: the batch
+        """The learner step of every run mode on the whole batch (this rank trains its shard). asynchronous: the batch
         was sampled by older weights (asynchronous training). cfg: this update's config instead of the run's (the
         same model; tests vary the reduction and mini-batches)."""
         assert self.learner is not None, "setup first"
@@ -114,7 +98,7 @@ class TrainerWorker:
         for name, value in batch.__dict__.items():
             if value is not None:
                 setattr(batch, name, value.to(self.device))
-        metrics, _ = asyncio.run(train_on_batch(self.learner, batch, step, rollout_is_behaviour=off_policy))
+        metrics, _ = asyncio.run(train_on_batch(self.learner, batch, step, asynchronous=asynchronous))
         return metrics
 
     def grads(self) -> dict[str, torch.Tensor]:
@@ -125,40 +109,23 @@ class TrainerWorker:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save_checkpoint(self, root: str, keep: int, step: int, extra: dict[str, Any]) -> str | None:
-        """Every rank joins (FSDP2 gathers shards); rank 0 writes `root/step_<step>` atomically."""
-        if self.dist_cfg.strategy == "fsdp2":
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-            full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            model: Any = _FullModel(unwrap(self.policy), full_state_dict(self.policy))
-            optimizer: Any = _FullOptimizer(get_optimizer_state_dict(unwrap(self.policy), self.optimizer, options=full))
-        else:
-            model, optimizer = unwrap(self.policy), self.optimizer
+    def save_checkpoint(self, step: int, extra: dict[str, Any]) -> str | CheckpointWriteFailure | None:
+        """Every rank joins (FSDP2 gathers shards); rank 0 writes checkpoints/step_<step> with the one writer of
+        every mode and returns its path, or the failure of its write (the driver applies checkpoint.on_write_error);
+        the other ranks return None."""
         assert self.learner is not None, "setup first"
-        learner = self.learner
-        extra = {**extra, "scheduler": self.scheduler.state_dict(), "kl_coef": learner.algo.kl.value}
-
-        def write(directory: Path) -> None:
-            save_training_state(directory, model, optimizer, step, extra=extra)
-            if learner.critic is not None:  # the same on every rank
-                learner.critic.save(directory / CRITIC_DIR)
-
-        path = None
-        if self.rank == 0:
-            path = str(CheckpointManager(Path(root), keep=keep).save(step, write))
-        dist.barrier()
-        return path
+        try:
+            path = write_checkpoint(self.learner, step, extra)
+        except CheckpointWriteFailure as failure:
+            failure.__cause__ = None  # the driver needs the message; the cause may not pickle
+            return failure
+        return None if path is None else str(path)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        if self.dist_cfg.strategy == "fsdp2":
-            raise NotImplementedError("resuming an FSDP2 run is not supported yet; resume with strategy='ddp'")
+        """Every rank loads checkpoint `path` (DDP: the whole model; FSDP2: its shards of it)."""
         assert self.learner is not None, "setup first"
-        extra = load_training_state(Path(path), unwrap(self.policy), self.optimizer)
-        self.scheduler.load_state_dict(extra.pop("scheduler"))
-        self.learner.algo.kl.value = float(extra.pop("kl_coef", self.learner.algo.kl.value))
-        if self.learner.critic is not None:
-            self.learner.critic.load(Path(path) / CRITIC_DIR)
+        extra = restore(self.learner, Path(path))
+        assert extra is not None
         return extra
 
     # ------------------------------------------------------------------ weights to engines (rank 0)

@@ -3,9 +3,9 @@
 Versions are the engine's weight versions; the trainer's weights equal the engine's current version V when it
 takes a batch (the weight sync follows every update). Staleness is bounded the way AReaL does it (Fu et al.
 2025): group g (counting from 0 at start) may only *start* once the engine has advanced by at least
-g // prompts_per_step - max_off_policy_steps versions, so at most (max_off_policy_steps + 1) batches are ever
+g // prompts_per_step - max_staleness versions, so at most (max_staleness + 1) batches are ever
 in flight or buffered. The bound is also checked when a batch is taken: a group whose oldest token came from
-version v with V - v > max_off_policy_steps (slow episodes overtaken by later ones) is dropped and counted,
+version v with V - v > max_staleness (slow episodes overtaken by later ones) is dropped and counted,
 never trained. With
 `stale = "cancel"`, in-flight groups that can no longer meet the bound are cancelled as soon as the weights
 advance instead of being finished and dropped.
@@ -46,16 +46,16 @@ class GroupProducer:
         rollout_group: GroupRollout,
         sampler: PromptSampler,
         prompts_per_step: int,
-        max_off_policy_steps: int,
+        max_staleness: int,
         version: Callable[[], int],
         stale: Literal["drop", "cancel"] = "drop",
     ) -> None:
-        if max_off_policy_steps < 0:
-            raise ValueError(f"max_off_policy_steps must be >= 0, got {max_off_policy_steps}")
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         self.rollout_group = rollout_group
         self.sampler = sampler
         self.prompts_per_step = prompts_per_step
-        self.max_off_policy_steps = max_off_policy_steps
+        self.max_staleness = max_staleness
         self.version = version
         self.stale = stale
         self._cond = asyncio.Condition()
@@ -87,7 +87,7 @@ class GroupProducer:
         async with self._cond:
             if self.stale == "cancel":
                 for task, start in list(self._inflight.items()):
-                    if not within_staleness(start, self.version(), self.max_off_policy_steps):
+                    if not within_staleness(start, self.version(), self.max_staleness):
                         task.cancel()
                         self.cancelled_groups += 1
             self._cond.notify_all()
@@ -97,7 +97,7 @@ class GroupProducer:
     def _may_start(self) -> bool:
         # The next group trains step first_version + (its batch index) and starts on the current weights.
         train_step = self._first_version + self._started // self.prompts_per_step
-        return within_staleness(self.version(), train_step, self.max_off_policy_steps)
+        return within_staleness(self.version(), train_step, self.max_staleness)
 
     async def _produce(self) -> None:
         while True:
@@ -139,7 +139,7 @@ class GroupProducer:
                 if self._error is not None:
                     raise RuntimeError(f"a rollout group failed: {self._error!r}") from self._error
                 group = self._ready.pop(0)
-            if not within_staleness(group.oldest_version, self.version(), self.max_off_policy_steps):
+            if not within_staleness(group.oldest_version, self.version(), self.max_staleness):
                 self.dropped_groups += 1
                 continue
             groups.append(group)

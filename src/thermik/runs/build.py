@@ -28,7 +28,8 @@ from thermik.rollout.context import RolloutContext
 from thermik.rollout.model_rewards import build_model_rewards
 from thermik.runs.resume import ConfigChange, accept_config, check_resume, resumed_message
 from thermik.tools.mcp_pool import MCPPool
-from thermik.training.learner import Learner, build_learner, restore
+from thermik.training.learner import Learner, build_learner
+from thermik.training.run_checkpoint import restore
 
 EngineFactory = Callable[[torch.nn.Module | None, ChatTokenizer], InferenceEngine]
 """(policy or None when it lives elsewhere, chat tokenizer) -> the engine the rollout half samples from."""

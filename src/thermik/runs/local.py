@@ -1,7 +1,7 @@
 """`thermik rl` on one process: the engine, the environments and the learner share this process.
 
-Synchronous by default; with trainer.max_async_steps > 0 a `GroupProducer` keeps generating groups while
-the trainer trains (bounded staleness), and the update takes the rollout logprobs as the behaviour policy.
+Synchronous by default; when asynchronous (a staleness bound above 0: rollout/staleness.py) a `GroupProducer` keeps
+generating groups while the trainer trains, and the update takes the rollout logprobs as the behaviour policy.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from thermik.config.schema import InferenceConfig, RunConfig
 from thermik.memory import release_freed_memory
 from thermik.rollout.context import RolloutContext, evaluate_held_out
 from thermik.rollout.group_producer import GroupProducer
+from thermik.rollout.staleness import is_asynchronous
 from thermik.runs.build import Run, build_run
 from thermik.runs.loop import Mode, rl_plan, run_loop
 from thermik.runs.record import Recorder
 from thermik.runs.step import Rollout, learner_update, produced_rollout, rl_step, sample_rollout, start_producer
-from thermik.training.learner import Learner, save_checkpoint
+from thermik.training.learner import Learner
+from thermik.training.run_checkpoint import save_checkpoint
 
 __all__ = ["LocalMode", "run_rl", "setup"]
 
@@ -51,7 +53,7 @@ class LocalMode(Mode):
 
     async def update(self, rollout: Rollout, step: int) -> dict[str, float]:
         before = self.recorder.before_update(rollout) if self.recorder is not None else None
-        metrics = await learner_update(self.learner, rollout, step, off_policy=self.producer is not None)
+        metrics = await learner_update(self.learner, rollout, step, asynchronous=self.producer is not None)
         if self.recorder is not None and before is not None:
             self.recorder.after_update(before, self.learner.policy, step)
         return metrics
@@ -73,7 +75,7 @@ class LocalMode(Mode):
         if self.run.start_step:  # the checkpoint's weights, as the version an uninterrupted run's engine holds now
             weights = components.engine_weights(self.learner.policy)
             await self.rollout_ctx.engine.update_weights(weights, version=self.run.start_step)
-        if self.cfg.trainer.max_async_steps > 0:
+        if is_asynchronous(self.cfg):
             self.producer = start_producer(self.rollout_ctx)
 
     async def step(self, step: int) -> dict[str, float]:
@@ -99,7 +101,7 @@ def thread_split(cfg: RunConfig) -> tuple[InferenceConfig, int]:
     """(inference config, update threads). Asynchronous training decodes and updates at the same time in two
     threads of this process; each running OpenMP teams of all cores makes them spin against each other, so unless
     inference.num_threads is set, each gets half of torch's threads (measured: README, async benchmark)."""
-    if cfg.trainer.max_async_steps == 0 or cfg.inference.num_threads:
+    if not is_asynchronous(cfg) or cfg.inference.num_threads:
         return cfg.inference, 0
     half = max(1, torch.get_num_threads() // 2)
     return cfg.inference.model_copy(update={"num_threads": half}), max(1, torch.get_num_threads() - half)

@@ -4,7 +4,7 @@ Rollouts go to the engine actors (an `EnginePool`: restart and resubmit on failu
 of every run mode (`train_on_batch`: advantages, critic, reference and KL, the policy update, the KL controller),
 run by each data-parallel trainer worker on the whole batch, each training its shard (distributed/trainer_worker.py).
 Weights go from trainer to engines by broadcast or files (`distributed.weight_sync`), then the consistency guards
-check them (assembly/guards.py). With trainer.max_async_steps > 0 a `GroupProducer` keeps the engines
+check them (assembly/guards.py). When asynchronous (a staleness bound above 0) a `GroupProducer` keeps the engines
 generating while the workers train (bounded staleness), as in local mode. Sampling (with DAPO dynamic sampling),
 held-out evaluation, metrics, plots, checkpoints (written by rank 0) and resume are the single-process run's own.
 """
@@ -24,6 +24,7 @@ from thermik.distributed.launch import DistributedRun, start
 from thermik.rollout.context import RolloutContext, evaluate_held_out
 from thermik.rollout.evaluation import EvalResult
 from thermik.rollout.group_producer import GroupProducer
+from thermik.rollout.staleness import is_asynchronous
 from thermik.runs.build import Run, build_run, resume_logger
 from thermik.runs.loop import Mode, rl_plan, run_loop
 from thermik.runs.resume import check_resume
@@ -50,7 +51,7 @@ class RayMode(Mode):
         """The learner step on the trainer workers (advantages there, on the whole batch)."""
         t0 = time.perf_counter()
         assert rollout.batch is not None  # rl_step updates only a rollout with a batch
-        metrics = await self.dist.update(rollout.batch, step, off_policy=self.producer is not None)
+        metrics = await self.dist.update(rollout.batch, step, asynchronous=self.producer is not None)
         return with_train_speed(metrics, rollout.batch, time.perf_counter() - t0)
 
     async def sync_weights(self, step: int) -> dict[str, float]:
@@ -64,7 +65,7 @@ class RayMode(Mode):
     async def start(self) -> None:
         if self.run.start_step:  # the engines start from the base weights; the checkpoint's are version start_step
             await self.dist.sync_weights(version=self.run.start_step)
-        if self.cfg.trainer.max_async_steps > 0:
+        if is_asynchronous(self.cfg):
             self.producer = start_producer(self.rollout_ctx)
 
     async def step(self, step: int) -> dict[str, float]:
@@ -101,7 +102,7 @@ def setup(cfg: RunConfig, dist: DistributedRun) -> RayMode:
 
 
 async def train(cfg: RunConfig) -> dict[str, Any]:
-    check_resume(cfg)  # a refused resume (another config, FSDP2) before Ray starts
+    check_resume(cfg)  # a refused resume (another config) before Ray starts
     if not cfg.distributed.ray_address:  # a local Ray: the actors run on this machine (a cluster's are not asked)
         check_hardware(cfg.model, cfg.inference)
     dist = start(cfg)

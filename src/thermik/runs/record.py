@@ -26,10 +26,12 @@ from thermik.atomic import publish_dir
 from thermik.config import load_config
 from thermik.config.schema import RunConfig
 from thermik.errors import ThermikError
-from thermik.runs.split_protocol import load_batch, save_batch
+from thermik.rollout.staleness import is_asynchronous
+from thermik.runs.split.protocol import load_batch, save_batch
 from thermik.runs.step import Rollout
 from thermik.training.batch import TokenBatch
-from thermik.training.learner import Learner, build_learner, restore, train_on_batch
+from thermik.training.learner import Learner, build_learner, train_on_batch
+from thermik.training.run_checkpoint import restore
 
 RECORDS = "records"
 META_FILE = "meta.json"
@@ -95,8 +97,8 @@ def replay(run_dir: Path, from_step: int) -> list[dict[str, Any]]:
     for step in steps:
         directory = run_dir / RECORDS / f"step_{step}"
         torch.set_rng_state(torch.load(directory / RNG_FILE))
-        off_policy = cfg.trainer.max_async_steps > 0
-        asyncio.run(train_on_batch(learner, load_batch(directory), step - 1, rollout_is_behaviour=off_policy))
+        asynchronous = is_asynchronous(cfg)
+        asyncio.run(train_on_batch(learner, load_batch(directory), step - 1, asynchronous=asynchronous))
         want = json.loads((directory / META_FILE).read_text())["checksums"]
         got = weight_checksums(learner.policy)
         reports.append({"step": step, "mismatched": sorted(k for k in want if got.get(k) != want[k])})

@@ -28,7 +28,7 @@ from thermik.config.loader import dump_toml
 from thermik.config.schema import RunConfig, SFTConfig
 from thermik.config.upgrade import upgrade_tree
 from thermik.errors import ThermikError
-from thermik.runs.split_protocol import SplitLayout
+from thermik.runs.split.protocol import SplitLayout
 from thermik.training.checkpoint import CheckpointManager
 
 CONFIG_FILE = "config.toml"
@@ -78,13 +78,12 @@ def is_safe(key: str) -> bool:
 def check_resume(cfg: RunConfig | SFTConfig, out_dir: Path | None = None) -> list[ConfigChange]:
     """The safe changes a resumed start makes to its saved config (empty when it resumes nothing); raises a
     ThermikError, touching nothing, when the run directory's checkpoints were made with a config that differs in
-    a key outside SAFE_KEYS, or when an FSDP2 run would resume."""
+    a key outside SAFE_KEYS."""
     out_dir = out_dir or cfg.run_dir
     resumed = resumable_state(cfg)
     saved = out_dir / CONFIG_FILE
     if resumed is None:
         return []
-    _refuse_fsdp2(cfg, resumed)
     if not saved.is_file():
         return []
     changes = config_changes(saved.read_text(), cfg)
@@ -144,15 +143,6 @@ def resumed_message(step: int, data_position: int | None, run_dir: Path, changes
     position = f" (data position {data_position})" if data_position is not None else ""
     changed = f"; changed settings: {', '.join(map(str, changes))}" if changes else ""
     return f"resumed from step {step}{position}: {run_dir}{changed}"
-
-
-def _refuse_fsdp2(cfg: RunConfig | SFTConfig, resumed: str) -> None:
-    if isinstance(cfg, RunConfig) and cfg.distributed.enabled and cfg.distributed.strategy == "fsdp2":
-        raise ThermikError(
-            f"{cfg.run_dir} holds {resumed}, and an FSDP2 run cannot resume (distributed.strategy = 'fsdp2')",
-            hint="resume it with --distributed.strategy ddp (the same checkpoint layout), start a new run with "
-            "--name NEW, or start this one over with --checkpoint.resume false",
-        )
 
 
 def _free_name(out_dir: Path) -> Path:

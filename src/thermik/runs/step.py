@@ -20,6 +20,7 @@ from thermik.inference.base import InProcessKVCache
 from thermik.rollout.context import RolloutContext, dump_step_trajectories, play_rows, sample_groups, scored
 from thermik.rollout.group_producer import GroupProducer
 from thermik.rollout.metrics import rollout_metrics
+from thermik.rollout.staleness import max_staleness
 from thermik.rollout.trajectory import Trajectory
 from thermik.training.batch import TokenBatch, collate
 from thermik.training.learner import Learner, train_on_batch
@@ -111,7 +112,7 @@ async def produced_rollout(ctx: RolloutContext, producer: GroupProducer, step: i
 
 def start_producer(ctx: RolloutContext) -> GroupProducer:
     """A GroupProducer that keeps generating groups on ctx.engine while the trainer trains (bounded staleness:
-    trainer.max_async_steps), in every mode whose engine is an InferenceEngine here (local, Ray)."""
+    `max_staleness`), in every mode whose engine is an InferenceEngine here (local, Ray)."""
     cfg = ctx.cfg
 
     async def rollout_group(row: dict[str, Any], index: int) -> list[Trajectory]:
@@ -125,7 +126,7 @@ def start_producer(ctx: RolloutContext) -> GroupProducer:
         rollout_group,
         ctx.sampler,
         cfg.trainer.prompts_per_step,
-        cfg.trainer.max_async_steps,
+        max_staleness(cfg),
         lambda: ctx.engine.weight_version,
         stale=cfg.trainer.stale_groups,
     )
@@ -139,9 +140,9 @@ def with_train_speed(metrics: dict[str, float], batch: TokenBatch, seconds: floa
     return {**metrics, "time/train": seconds, "perf/train_tokens_per_s": tokens_per_s(train_tokens, seconds)}
 
 
-async def learner_update(learner: Learner, rollout: Rollout, step: int, *, off_policy: bool) -> dict[str, float]:
+async def learner_update(learner: Learner, rollout: Rollout, step: int, *, asynchronous: bool) -> dict[str, float]:
     """Advantages, then the policy (and critic) update in this process, in a thread: async rollouts and tool calls
-    go on meanwhile. off_policy: the rollout logprobs are the behaviour policy (asynchronous training)."""
+    go on meanwhile. asynchronous: the rollout logprobs are the behaviour policy (asynchronous training)."""
     assert rollout.batch is not None  # rl_step updates only a rollout with a batch
-    metrics, t_train = await train_on_batch(learner, rollout.batch, step, rollout_is_behaviour=off_policy)
+    metrics, t_train = await train_on_batch(learner, rollout.batch, step, asynchronous=asynchronous)
     return with_train_speed(metrics, rollout.batch, t_train)

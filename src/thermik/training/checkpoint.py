@@ -160,6 +160,18 @@ def save_training_state(
     (directory / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
 
 
+def read_model_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the `.safetensors` files `save_training_state` wrote for a whole (not PEFT) model."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    if not tensors:
+        raise FileNotFoundError(f"load_training_state: no .safetensors weights in {model_dir}")
+    return tensors
+
+
 def _load_model_weights(model: Any, model_dir: Path) -> None:
     from safetensors.torch import load_file
 
@@ -169,11 +181,7 @@ def _load_model_weights(model: Any, model_dir: Path) -> None:
 
         set_peft_model_state_dict(model, load_file(str(adapter)))
         return
-    tensors: dict[str, torch.Tensor] = {}
-    for file in sorted(model_dir.glob("*.safetensors")):
-        tensors.update(load_file(str(file)))
-    if not tensors:
-        raise FileNotFoundError(f"load_training_state: no .safetensors weights in {model_dir}")
+    tensors = read_model_weights(model_dir)
     result = model.load_state_dict(tensors, strict=False)
     # Tied weights (e.g. lm_head = embed_tokens) are saved once; anything else missing is an error.
     loaded_ptrs = {p.data_ptr() for name, p in model.state_dict().items() if name in tensors}
@@ -186,15 +194,17 @@ def _load_model_weights(model: Any, model_dir: Path) -> None:
         )
 
 
-def load_training_state(directory: Path, model: Any, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+def load_training_state(directory: Path, model: Any | None, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     """Restore what `save_training_state` wrote, in place; returns the saved `extra` dict plus "step": int.
 
-    Tensors are loaded with `weights_only=True`; RNG states are restored only if they were saved.
+    Tensors are loaded with `weights_only=True`; RNG states are restored only if they were saved. A `model` or
+    `optimizer` of None is left out (a caller that loads the weights its own way, e.g. into FSDP2 shards).
     """
     directory = Path(directory)
     if not (directory / STATE_FILE).is_file():
         raise FileNotFoundError(f"load_training_state: {directory} has no {STATE_FILE}; not a training checkpoint")
-    _load_model_weights(model, directory / MODEL_DIR)
+    if model is not None:
+        _load_model_weights(model, directory / MODEL_DIR)
     if optimizer is not None:
         optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=True))
     if (directory / RNG_FILE).is_file():

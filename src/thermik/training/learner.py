@@ -9,14 +9,11 @@ the learner step (advantages, critic, reference and KL, the update, the KL contr
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -28,7 +25,7 @@ from thermik.training import reference
 from thermik.training.algo_state import AlgorithmState
 from thermik.training.batch import TokenBatch
 from thermik.training.batch_advantages import apply_distillation, assign_advantages
-from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
+from thermik.training.checkpoint import CheckpointManager
 from thermik.training.critic import Critic
 from thermik.training.loss import LossSetup
 from thermik.training.mixed_precision import autocast_dtype
@@ -37,7 +34,8 @@ from thermik.training.speed import apply_train_speed
 from thermik.training.teacher import Teacher, build_teacher
 from thermik.training.update import logprobs_no_grad, policy_update
 
-CRITIC_DIR = "critic"  # inside a checkpoint directory: critic weights and optimizer
+if TYPE_CHECKING:
+    from thermik.training.run_checkpoint import TrainingStateView
 
 Optimizers = tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]
 
@@ -80,6 +78,7 @@ class Learner:
     teacher: Teacher | None = None  # algorithm.teacher.source: on-policy distillation (training/teacher.py)
     split: UpdateSplit = field(default_factory=WholeBatch)  # a data-parallel rank's shard (distributed/)
     module: torch.nn.Module | None = None  # the plain model behind a data-parallel `policy` wrapper; None: policy
+    state_view: TrainingStateView | None = None  # what a rank's checkpoint holds (distributed/); None: the whole policy
 
 
 def build_learner(
@@ -121,56 +120,12 @@ def _build_critic(cfg: RunConfig) -> Critic | None:
     return Critic.from_config(cfg.model, cfg.critic, cfg.trainer.micro_batch_size)
 
 
-def restore(learner: Learner, checkpoint: Path | None = None) -> dict[str, Any] | None:
-    """Load `checkpoint`, or else the newest one (when checkpoint.resume), into the learner; returns its saved extras
-    or None."""
-    latest = checkpoint or (learner.checkpoints.latest() if learner.cfg.checkpoint.resume else None)
-    if latest is None:
-        return None
-    extra = load_training_state(latest, learner.policy, learner.optimizer)
-    if learner.critic is not None:
-        learner.critic.load(latest / CRITIC_DIR)
-    learner.start_step = int(extra["step"])
-    learner.scheduler.load_state_dict(extra["scheduler"])
-    learner.algo.kl.value = float(extra.get("kl_coef", learner.algo.kl.value))  # the adaptive KL weight goes on
-    return extra
-
-
-def save_checkpoint(learner: Learner, step: int, extra: dict[str, Any] | None = None) -> None:
-    """Policy, optimizer, RNG, scheduler, KL weight (+ critic) as checkpoints/step_<step>, atomically."""
-    state = {"step": step, "scheduler": learner.scheduler.state_dict(), "kl_coef": learner.algo.kl.value}
-    state.update(extra or {})
-
-    def write(directory: Path) -> None:
-        save_training_state(directory, learner.policy, learner.optimizer, step, extra=state)
-        if learner.critic is not None:
-            learner.critic.save(directory / CRITIC_DIR)
-
-    try:
-        learner.checkpoints.save(step, write)
-    # Disk full or an I/O error (torch.save reports a full disk as a RuntimeError): the partial write is gone.
-    except (OSError, RuntimeError) as exc:
-        previous, root = learner.checkpoints.latest(), learner.checkpoints.root
-        message = (
-            f"checkpoint step_{step} could not be written to {root} ({shutil.disk_usage(root).free} bytes free "
-            f"there): {type(exc).__name__}: {exc}; "
-            f"{f'{previous.name} is intact and latest names it' if previous else 'there is no earlier checkpoint'}"
-        )
-        if learner.cfg.checkpoint.on_write_error == "stop":
-            raise CheckpointWriteError(message + " (checkpoint.on_write_error = 'stop')") from exc
-        warnings.warn(message + "; training goes on (checkpoint.on_write_error = 'continue')", RuntimeWarning, 2)
-
-
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written and `checkpoint.on_write_error` is 'stop'."""
-
-
 async def train_on_batch(
-    learner: Learner, batch: TokenBatch, step: int, *, rollout_is_behaviour: bool
+    learner: Learner, batch: TokenBatch, step: int, *, asynchronous: bool
 ) -> tuple[dict[str, float], float]:
     """Advantages, then the policy (and critic) update, on one collated batch; returns (metrics, update seconds).
 
-    rollout_is_behaviour: the batch was sampled by older weights (asynchronous training), so the rollout logprobs
+    asynchronous: the batch was sampled by older weights (asynchronous training), so the rollout logprobs
     are the behaviour policy of the PPO ratio. A batch of no rows (every group of the step left out, e.g. unscored by
     its model rewards) skips the update: the weights and the optimizer state stay as they are.
     """
@@ -201,7 +156,7 @@ async def train_on_batch(
     # Policy (and critic) update on exactly the sampled token ids, in a thread: async rollouts and tool calls go on
     # meanwhile; then KL controller, health checks, reference refresh.
     t0 = time.perf_counter()
-    update_metrics = await to_thread_releasing(_update, learner, batch, temperature, rollout_is_behaviour)
+    update_metrics = await to_thread_releasing(_update, learner, batch, temperature, asynchronous)
     update_metrics = learner.split.merge(update_metrics)  # every data-parallel rank: the whole update's metrics
     release_freed_memory()  # the update's activations, so the engine's next rollout can reuse the pages
     state_metrics = learner.algo.after_update({**adv_metrics, **update_metrics}, len(batch))
@@ -224,7 +179,7 @@ def _nonfinite_inputs(learner: Learner, batch: TokenBatch) -> dict[str, float] |
     return {**{key: float(count) for key, (count, _) in bad.items()}, "health/skipped_update": 1.0}
 
 
-def _update(learner: Learner, batch: TokenBatch, temperature: float, rollout_is_behaviour: bool) -> dict[str, float]:
+def _update(learner: Learner, batch: TokenBatch, temperature: float, asynchronous: bool) -> dict[str, float]:
     """One policy update on this process's shard of the batch (and, with a critic, its value-loss update on the whole
     batch: every data-parallel rank keeps an identical critic)."""
     if learner.update_threads:
@@ -241,7 +196,7 @@ def _update(learner: Learner, batch: TokenBatch, temperature: float, rollout_is_
         learner.optimizer,
         learner.scheduler,
         guard=learner.algo.guard,
-        rollout_is_behaviour=rollout_is_behaviour,
+        asynchronous=asynchronous,
     )
     if learner.critic is not None:
         metrics.update(learner.critic.update(batch))

@@ -199,18 +199,18 @@ def policy_update(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     guard: NonFiniteGuard | None = None,
-    rollout_is_behaviour: bool = False,
+    asynchronous: bool = False,
 ) -> dict[str, float]:
     """guard: keeps the count of consecutive non-finite steps across calls; None counts within this call only.
-    rollout_is_behaviour: the samples came from older weights (asynchronous training), so the ratio is taken
+    asynchronous: the samples came from older weights (asynchronous training), so the ratio is taken
     against the rollout logprobs."""
     policy.train()
     batch = batch.to(model_device(policy))  # collated on the CPU; the update runs where the policy lives
     guard = guard or NonFiniteGuard(setup.max_nonfinite_steps)
     fwd = (setup.micro_batch_size, setup.temperature, setup.shared_prefix, setup.autocast, setup.packing)
     # With one optimizer step per batch the behaviour policy is the current one: old_logp = logp.detach().
-    old_all = batch.rollout_logp if rollout_is_behaviour else None
-    if not rollout_is_behaviour and setup.mini_batches > 1:
+    old_all = batch.rollout_logp if asynchronous else None
+    if not asynchronous and setup.mini_batches > 1:
         old_all = logprobs_no_grad(policy, batch, *fwd)
     ref_all = logprobs_no_grad(ref, batch, *fwd) if ref is not None and setup.kl_in_loss else None
     acc = UpdateMetrics(setup.mini_batches)

@@ -1,6 +1,6 @@
 """`thermik orchestrator`: the rollout half of a split run, driving a `thermik inference` server over HTTP.
 
-Per step s: wait until the trainer has published weights of a step >= s - max_off_policy_steps, have the server
+Per step s: wait until the trainer has published weights of a step >= s - max_staleness, have the server
 load every newer weight directory in order (POST /update_weights), sample the step's groups (rewards come from
 the environments), and publish the collated batch as `rollouts/step_<s>`. Advantages are computed by the trainer:
 estimators may need the critic's values or the reference's logprobs, which live there. Held-out evaluation runs on
@@ -24,11 +24,11 @@ from thermik.inference.remote import RemoteEngine
 from thermik.inference.weights import WEIGHTS_FILE
 from thermik.rollout.context import RolloutContext, evaluate_held_out, sample_groups
 from thermik.rollout.evaluation import EvalResult
-from thermik.rollout.staleness import staleness_metrics, within_staleness
+from thermik.rollout.staleness import max_staleness, staleness_metrics, within_staleness
 from thermik.rollout.trajectory import Trajectory, dump_trajectories
 from thermik.runs.build import Run, build_run, resume_logger
 from thermik.runs.loop import LoopPlan, Mode, run_loop
-from thermik.runs.split_protocol import (
+from thermik.runs.split.protocol import (
     META_FILE,
     TRAJECTORIES_FILE,
     SplitLayout,
@@ -55,15 +55,15 @@ class OrchestratorMode(Mode):
         self.step_of_version: dict[int, int] = {}  # server weight version -> trainer step
 
     async def rollout(self, step: int) -> Rollout:
-        """Admission (weights of step >= s - max_off_policy_steps, loaded into the server), then sampling."""
+        """Admission (weights of step >= s - max_staleness, loaded into the server), then sampling."""
         cfg = self.cfg
-        t_wait = await load_new_weights(self, step, cfg.trainer.max_async_steps)
+        t_wait = await load_new_weights(self, step, max_staleness(cfg))
         t0 = time.perf_counter()
         sampled, trajs, metrics = await sample_groups(self.rollout_ctx, step)
         t_generate = time.perf_counter() - t0
         stale = staleness(self, step, sampled)  # all of them: the batch may be empty (groups left unscored)
-        if max(stale, default=0) > cfg.trainer.max_async_steps:  # impossible by the admission rule; say so if not
-            raise RuntimeError(f"step {step}: staleness {max(stale)} > trainer.max_async_steps")
+        if max(stale, default=0) > max_staleness(cfg):  # impossible by the admission rule; say so if not
+            raise RuntimeError(f"step {step}: staleness {max(stale)} > the staleness bound {max_staleness(cfg)}")
         metrics = {
             **metrics,
             **(staleness_metrics(stale) if stale else {}),
@@ -158,17 +158,17 @@ async def _load(orch: OrchestratorMode, step: int) -> None:
     orch.weight_step = step
 
 
-async def load_new_weights(orch: OrchestratorMode, step: int, max_off_policy_steps: int) -> float:
-    """Wait until `step` is admitted (weights of a step >= step - max_off_policy_steps are published; step 0 is
+async def load_new_weights(orch: OrchestratorMode, step: int, bound: int) -> float:
+    """Wait until `step` is admitted (weights of a step >= step - bound are published; step 0 is
     model.path), then have the server load every published step newer than the one it holds, in order (so a fresh
     server's weight version equals the trainer step). Returns the seconds spent waiting."""
     cfg = orch.cfg
     t0 = time.perf_counter()
-    need = step - max_off_policy_steps
+    need = step - bound
 
     def ready() -> bool | None:
         newest = max(published_steps(orch.layout.weights), default=0)
-        return True if within_staleness(max(newest, orch.weight_step), step, max_off_policy_steps) else None
+        return True if within_staleness(max(newest, orch.weight_step), step, bound) else None
 
     await wait_until(
         ready,

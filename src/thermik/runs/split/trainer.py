@@ -16,9 +16,10 @@ from thermik.assembly import components
 from thermik.config.schema import RunConfig
 from thermik.inference.weights import WEIGHTS_FILE, write_safetensors
 from thermik.rollout.evaluation import EvalResult
+from thermik.rollout.staleness import is_asynchronous, max_staleness
 from thermik.runs.build import Run, build_run
 from thermik.runs.loop import LoopPlan, Mode, run_loop
-from thermik.runs.split_protocol import (
+from thermik.runs.split.protocol import (
     META_FILE,
     SplitLayout,
     load_batch,
@@ -29,7 +30,8 @@ from thermik.runs.split_protocol import (
 )
 from thermik.runs.step import Rollout, learner_update, rl_step
 from thermik.training.batch import TokenBatch
-from thermik.training.learner import Learner, save_checkpoint
+from thermik.training.learner import Learner
+from thermik.training.run_checkpoint import save_checkpoint
 
 
 class SplitTrainerMode(Mode):
@@ -41,7 +43,7 @@ class SplitTrainerMode(Mode):
         self.learner: Learner = run.learner
 
     async def rollout(self, step: int) -> Rollout:
-        """The orchestrator's batch of step s (sampled by weights of step >= s - max_off_policy_steps)."""
+        """The orchestrator's batch of step s (sampled by weights of step >= s - max_staleness)."""
         t0 = time.perf_counter()
         batch, meta = await wait_for_rollouts(self.layout, step, self.cfg)
         staleness = float(step - int(meta["weight_step"]))
@@ -50,7 +52,7 @@ class SplitTrainerMode(Mode):
         )
 
     async def update(self, rollout: Rollout, step: int) -> dict[str, float]:
-        return await learner_update(self.learner, rollout, step, off_policy=self.cfg.trainer.max_async_steps > 0)
+        return await learner_update(self.learner, rollout, step, asynchronous=is_asynchronous(self.cfg))
 
     async def sync_weights(self, step: int) -> dict[str, float]:
         """Publish weights/step_<s+1> for the orchestrator to load into the server."""
@@ -87,8 +89,8 @@ def publish_weights(learner: Learner, layout: SplitLayout, step: int) -> Path:
     the orchestrator can no longer need are removed."""
     state = components.engine_weights(learner.policy)
     path = publish_dir(layout.weights_dir(step), lambda tmp: write_safetensors(state, tmp / WEIGHTS_FILE))
-    # The orchestrator loads every published step in order and is at most max_off_policy_steps + 1 behind.
-    prune_steps(layout.weights, step - learner.cfg.trainer.max_async_steps - 1)
+    # The orchestrator loads every published step in order and is at most max_staleness + 1 behind.
+    prune_steps(layout.weights, step - max_staleness(learner.cfg) - 1)
     return path
 
 
