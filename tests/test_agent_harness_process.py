@@ -1,4 +1,4 @@
-"""An agent harness as a process of its own (rollout/harness_process.py): its result, and every way it can misbehave
+"""An agent harness as a process of its own (agents/process.py): its result, and every way it can misbehave
 failing its run with a reason while leaving no process behind. Real subprocesses; psutil checks for leaks."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from thermik.config.agent import AgentConfig
-from thermik.rollout.harness_process import Client, run_harness
+from thermik.agents.process import Client, run_harness
 
 CLIENT = Client(
     "http://127.0.0.1:9/episodes/e1/v1", "key-e1", "thermik-policy", "http://127.0.0.1:9/episodes/e1/reward"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from thermik.agents.harness_env import harness_env_factory
 from thermik.assembly import components
 from thermik.atomic import writable_dir
 from thermik.config.schema import RunConfig, SFTConfig
@@ -161,7 +162,7 @@ def _rollout_context(
         cfg=cfg,
         chat=chat,
         engine=engine,
-        make_env=components.env_factory(cfg.env, pool),
+        make_env=harness_env_factory(components.env_factory(cfg.env, pool), cfg.agent),
         sampler=None if train_rows is None else PromptSampler(train_rows, cfg.data.seed),
         held_out=held_out[: cfg.eval.size],
         limits=limits,

@@ -1,5 +1,5 @@
 """One run of an agent harness as a process of its own: `agent.command` through the shell, or `agent.entrypoint`
-called by rollout/harness_bootstrap.py in `agent.python`'s interpreter.
+called by agents/bootstrap.py in `agent.python`'s interpreter.
 
 Each run gets its own session (process group) and dies with this process (thermik.lifetime). Its descendants are
 recorded while it runs; when it exits, runs past `agent.timeout_s` or its episode is cancelled, everything left of its
@@ -25,7 +25,7 @@ from typing import Any
 from thermik.config.agent import AgentConfig
 from thermik.lifetime import ProcessTree, dying_with_parent
 
-BOOTSTRAP = Path(__file__).with_name("harness_bootstrap.py")
+BOOTSTRAP = Path(__file__).with_name("bootstrap.py")
 POLL_S = 0.1
 STDERR_TAIL = 600
 

@@ -1,8 +1,8 @@
 """The child-process side of `agent.entrypoint`: import `pkg.module:function`, call it with the task row and the
-client config, write what it returns as JSON to THERMIK_RESULT_FILE (rollout/harness_process.py).
+client config, write what it returns as JSON to THERMIK_RESULT_FILE (agents/process.py).
 
 Run by path in the harness's interpreter (`agent.python`: e.g. the harness venv's), so it imports only the standard
-library: `python harness_bootstrap.py pkg.module:function`. The function may be sync or async; it gets
+library: `python bootstrap.py pkg.module:function`. The function may be sync or async; it gets
 `(task, client)` with `client = {"base_url", "api_key", "model", "reward_url"}`.
 """
 
