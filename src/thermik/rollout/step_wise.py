@@ -103,6 +103,24 @@ class EpisodeSamples:
         self.samples.append(Trajectory(prompt_ids=prompt, group_id=self.head.group_id, stop_reason=""))
         self.sampled.append([])
 
+    def mark(self) -> tuple[int, int, int, int, tuple[int, int, int] | None]:
+        """Where the episode stands now, for `rewind` (a turn that failed or was retried)."""
+        current = self.current
+        last = current.turn_spans[-1] if current.turn_spans else None
+        return len(self.samples), len(current.response_ids), len(current.turn_spans), len(self.sampled[-1]), last
+
+    def rewind(self, mark: tuple[int, int, int, int, tuple[int, int, int] | None]) -> None:
+        """Undo everything added since `mark` (tokens, turns, samples started)."""
+        count, length, turns, sampled, last = mark
+        del self.samples[count:], self.sampled[count:]
+        current = self.current
+        for tokens in (current.response_ids, current.loss_mask, current.rollout_logprobs, current.weight_versions,
+                       current.rewards):  # fmt: skip
+            del tokens[length:]
+        del current.turn_spans[turns:], self.sampled[-1][sampled:]
+        if last is not None:
+            current.turn_spans[-1] = last
+
     def finish(self, overlong: bool) -> Trajectory:
         """The head with its continuations; an overlong episode trains on nothing (every mask zeroed). Then the
         token-in/token-out check on every sample."""

@@ -33,6 +33,9 @@ from thermik.inference.server.protocol import (
 )
 from thermik.tools.parsers import TOOL_CALL_OPEN
 
+ChoiceHook = Callable[[outputs.Choice], None]
+"""Sees each finished choice of a reply before it is sent (thermik.capture records the episode's turns with it)."""
+
 
 class OpenAIServer:
     """Turns API requests into concurrent `engine.generate` calls (the engine batches them)."""
@@ -115,15 +118,25 @@ class OpenAIServer:
             raise ApiError(400, str(exc)) from exc
 
     async def _generate(
-        self, prompts: list[list[int]], body: _Sampling, requested: int | None, top: int, param: str, prompt_param: str
+        self,
+        prompts: list[list[int]],
+        body: _Sampling,
+        requested: int | None,
+        top: int,
+        param: str,
+        prompt_param: str,
+        on_choice: ChoiceHook | None = None,
     ) -> list[outputs.Choice]:
         requests = self._requests(prompts, body, requested, top, param, prompt_param)
         gens = await self._generations(requests, body)
         stop_ids = frozenset(body.stop_token_ids)
-        return [
+        choices = [
             outputs.finish(g, k, prompt, self.detok, sampling.stop, stop_ids)
             for k, (g, (prompt, sampling)) in enumerate(zip(gens, requests, strict=True))
         ]
+        for choice in choices if on_choice is not None else ():
+            on_choice(choice)
+        return choices
 
     async def _open_streams(
         self, requests: list[tuple[list[int], SamplingParams]], body: _Sampling, hold_from: str | None
@@ -178,7 +191,13 @@ class OpenAIServer:
         ]
 
     async def completions(self, body: CompletionRequest) -> Any:
-        prompts = self._completion_prompts(body.prompt)
+        return await self.completion_reply(body, self._completion_prompts(body.prompt))
+
+    async def completion_reply(
+        self, body: CompletionRequest, prompts: list[list[int]], on_choice: ChoiceHook | None = None
+    ) -> Any:
+        """The /v1/completions reply for `prompts` (already tokenized and checked); `on_choice` sees each finished
+        choice before the reply (or its closing chunks) is sent."""
         top = body.logprobs or 0
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name}  # fmt: skip
@@ -207,10 +226,10 @@ class OpenAIServer:
                 return [*([entry(c, pos, piece)] for pos, piece in stream.rest(c)), [last]]
 
             usage = _stream_usage(body, prompts)
-            return _sse(streaming.event_stream(head, sources, streams, [], entry, final, usage))
+            return _sse(streaming.event_stream(head, sources, streams, [], entry, final, usage, on_choice))
 
         scored = await self._prompt_logprobs(prompts) if body.prompt_logprobs is not None else None
-        choices = await self._generate(prompts, body, body.max_tokens, top, "max_tokens", "prompt")
+        choices = await self._generate(prompts, body, body.max_tokens, top, "max_tokens", "prompt", on_choice)
         use = outputs.usage(prompts, choices)
 
         def choice(c: outputs.Choice) -> dict[str, Any]:
@@ -226,7 +245,13 @@ class OpenAIServer:
     # ------------------------------------------------------------------ /v1/chat/completions
 
     async def chat_completions(self, body: ChatCompletionRequest) -> Any:
-        prompt = render_chat(self.tokenizer, body)
+        return await self.chat_reply(body, render_chat(self.tokenizer, body))
+
+    async def chat_reply(
+        self, body: ChatCompletionRequest, prompt: list[int], on_choice: ChoiceHook | None = None
+    ) -> Any:
+        """The /v1/chat/completions reply for the prompt ids `prompt` of `body`'s messages; `on_choice` sees each
+        finished choice before the reply (or its closing chunks) is sent."""
         self._check_ids(prompt, "messages")
         top = body.top_logprobs or 0
         if top and not body.logprobs:
@@ -240,6 +265,7 @@ class OpenAIServer:
 
         def message(c: outputs.Choice) -> tuple[dict[str, Any], str]:
             content, calls = outputs.tool_calls_of(c.text) if parse_tools else (c.text, [])
+            calls = calls if body.parallel_tool_calls else calls[:1]
             if calls:
                 return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
             return {"role": "assistant", "content": content}, c.finish_reason
@@ -250,9 +276,9 @@ class OpenAIServer:
         if body.stream:
             requests = self._requests([prompt], body, requested, top, param, "messages")
             sources, streams = await self._open_streams(requests, body, TOOL_CALL_OPEN if parse_tools else None)
-            return self._chat_stream(head, sources, streams, message, logprobs, body, [prompt])
+            return self._chat_stream(head, sources, streams, message, logprobs, body, [prompt], on_choice)
 
-        choices = await self._generate([prompt], body, requested, top, param, "messages")
+        choices = await self._generate([prompt], body, requested, top, param, "messages", on_choice)
         use = outputs.usage([prompt], choices)
 
         def choice(c: outputs.Choice) -> dict[str, Any]:
@@ -276,6 +302,7 @@ class OpenAIServer:
         logprobs: Callable[..., dict | None],
         body: ChatCompletionRequest,
         prompts: list[list[int]],
+        on_choice: ChoiceHook | None = None,
     ) -> StreamingResponse:
         """Content streams token by token; a reply with tool calls sends its calls (and any content after the
         last streamed piece) in one chunk at the end."""
@@ -303,7 +330,7 @@ class OpenAIServer:
             return [[{"index": c.index, "delta": delta, "logprobs": logprobs(c, tokens), "finish_reason": None}], last]
 
         usage = _stream_usage(body, prompts)
-        return _sse(streaming.event_stream(head, sources, streams, first, entry, final, usage))
+        return _sse(streaming.event_stream(head, sources, streams, first, entry, final, usage, on_choice))
 
     # ------------------------------------------------------------------ weights and status
 

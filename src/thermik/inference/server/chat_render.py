@@ -27,26 +27,31 @@ def _content(message: ChatMessage) -> str | None:
     return message.content
 
 
-def _template_message(message: ChatMessage, index: int) -> dict[str, Any]:
-    """One message as chat templates expect it: tool-call arguments as a dict (a JSON string renders twice)."""
+def call_arguments(arguments: str, param: str) -> dict[str, Any]:
+    """A call's JSON arguments as the dict chat templates want (a JSON string renders twice); a 400 naming `param`
+    when they are not a JSON object."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError as exc:
+        raise ApiError(400, f"tool call arguments are not valid JSON: {exc}", param) from exc
+    if not isinstance(value, dict):
+        raise ApiError(400, "tool call arguments must be a JSON object", param)
+    return value
+
+
+def template_message(message: ChatMessage, index: int) -> dict[str, Any]:
+    """One message as chat templates expect it: developer as system, tool-call arguments as a dict."""
     role = "system" if message.role == "developer" else message.role
     out: dict[str, Any] = {"role": role, "content": _content(message)}
     if message.tool_calls:
-        calls = []
-        for j, call in enumerate(message.tool_calls):
-            try:
-                arguments = json.loads(call.function.arguments) if call.function.arguments.strip() else {}
-            except ValueError as exc:
-                raise ApiError(
-                    400, f"tool call arguments are not valid JSON: {exc}",
-                    f"messages.{index}.tool_calls.{j}.function.arguments",
-                ) from exc  # fmt: skip
-            if not isinstance(arguments, dict):
-                raise ApiError(400, "tool call arguments must be a JSON object",
-                               f"messages.{index}.tool_calls.{j}.function.arguments")  # fmt: skip
-            calls.append({"id": call.id, "type": "function", "function": {"name": call.function.name,
-                                                                          "arguments": arguments}})  # fmt: skip
-        out["tool_calls"] = calls
+        where = f"messages.{index}.tool_calls"
+        out["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {
+                "name": call.function.name,
+                "arguments": call_arguments(call.function.arguments, f"{where}.{j}.function.arguments"),
+            }}
+            for j, call in enumerate(message.tool_calls)
+        ]  # fmt: skip
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
     return out
@@ -54,7 +59,7 @@ def _template_message(message: ChatMessage, index: int) -> dict[str, Any]:
 
 def render_chat(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
     """Prompt ids of a chat request, ending with the generation prompt."""
-    messages = [_template_message(m, i) for i, m in enumerate(body.messages)]
+    messages = [template_message(m, i) for i, m in enumerate(body.messages)]
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     if tools and not _renders_tools(tokenizer):  # never drop tools silently: put them in the system message
         example = format_hermes_tool_call("function_name", {"argument_name": "value"})

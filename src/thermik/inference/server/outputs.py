@@ -24,6 +24,8 @@ class Choice:
     text: str
     finish_reason: str
     weight_version: int
+    weight_versions: list[int] | None = None
+    """Per kept token, the weight version that sampled it (None in a stream's snapshot)."""
 
 
 class Detokenizer:
@@ -82,6 +84,7 @@ def finish(
         text=text,
         finish_reason=reason,
         weight_version=gen.weight_version,
+        weight_versions=list(gen.weight_versions[:k]) if gen.weight_versions else [gen.weight_version] * k,
     )
 
 

@@ -140,10 +140,23 @@ class _Sampling(_Body):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
 
+class NamedFunction(_Body):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolDef] | None = None
-    tool_choice: Literal["auto", "none"] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = Field(
+        None,
+        description="'none' returns calls as text; 'auto', 'required' and a named function parse calls. Sampling is "
+        "never constrained (the policy's own tokens are what trains), so 'required' and a name are not enforced.",
+    )
     parallel_tool_calls: bool = True
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False

@@ -116,8 +116,10 @@ async def event_stream(
     token_entry: TokenEntry,
     final_entries: FinalEntries,
     usage: Callable[[list[Choice]], dict[str, int] | None],
+    on_finish: Callable[[Choice], None] | None = None,
 ) -> AsyncIterator[str]:
-    """`head` holds id/object/created/model; `first` is sent before any token; `usage` of the finished choices."""
+    """`head` holds id/object/created/model; `first` is sent before any token; `usage` of the finished choices;
+    `on_finish` sees each finished choice before its closing chunks are sent."""
     for entries in first:
         yield sse({**head, "choices": entries})
     queue: asyncio.Queue[tuple[int, StreamItem | Exception]] = asyncio.Queue()
@@ -143,6 +145,8 @@ async def event_stream(
                     yield sse({**head, "choices": [token_entry(stream.snapshot(), pos, piece)]})
                 continue
             done[i] = stream.finish(item)
+            if on_finish is not None:
+                on_finish(done[i])
             for entries in final_entries(stream, done[i]):
                 yield sse({**head, "choices": entries})
         summary = usage([done[i] for i in range(len(sources))])
