@@ -25,6 +25,7 @@ from thermik.agents.harness_env import HarnessEnv
 from thermik.config.agent import AgentConfig
 from thermik.config.schema import EnvConfig, SamplingConfig
 from thermik.data.chat_tokenizer import ChatTokenizer
+from thermik.inference.base import Generation
 from thermik.rollout.agent_loop import LoopLimits, rollout_row
 from thermik.rollout.trajectory import Trajectory
 from thermik.tasks.registry import generate_rows, make_env
@@ -60,7 +61,19 @@ def spied_engine(tiny_model_dir: Path):
         generations.append((list(ids), list(gen.token_ids)))
         return gen
 
-    engine.generate = recorded
+    def streamed(ids: list[int], params: Any, session: str | None = None) -> Any:
+        items = stream(ids, params, session)
+
+        async def recording() -> Any:
+            async for item in items:
+                if isinstance(item, Generation):
+                    generations.append((list(ids), list(item.token_ids)))
+                yield item
+
+        return recording()
+
+    stream = engine.stream
+    engine.generate, engine.stream = recorded, streamed
     yield engine, ChatTokenizer(tokenizer), generations
     asyncio.run(engine.close())
 
