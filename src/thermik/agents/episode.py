@@ -24,17 +24,23 @@ from thermik.inference.base import InferenceEngine
 from thermik.rollout.agent_loop import LoopLimits
 from thermik.rollout.trajectory import Trajectory
 
-_CAPTURES: dict[tuple[int, int], tuple[Capture, contextlib.AsyncExitStack]] = {}
+_CAPTURES: dict[tuple[int, int], asyncio.Task[tuple[Capture, contextlib.AsyncExitStack]]] = {}
 
 
 async def capture_for(engine: InferenceEngine, chat: ChatTokenizer, model_name: str, max_model_len: int) -> Capture:
-    """This engine's capture endpoint in this event loop, served on loopback from first use until the loop ends."""
+    """This engine's capture endpoint in this event loop, served on loopback from first use until the loop ends (one
+    per engine and loop: the episodes that start together wait for the same one)."""
     key = (id(engine), id(asyncio.get_running_loop()))
     if key not in _CAPTURES:
-        stack = contextlib.AsyncExitStack()
-        capture = await stack.enter_async_context(serve_capture(engine, chat.tokenizer, model_name, max_model_len))
-        _CAPTURES[key] = (capture, stack)
-    return _CAPTURES[key][0]
+
+        async def start() -> tuple[Capture, contextlib.AsyncExitStack]:
+            stack = contextlib.AsyncExitStack()  # kept referenced: its end stops the server
+            return await stack.enter_async_context(
+                serve_capture(engine, chat.tokenizer, model_name, max_model_len)
+            ), stack
+
+        _CAPTURES[key] = asyncio.ensure_future(start())
+    return (await asyncio.shield(_CAPTURES[key]))[0]
 
 
 def episode_limits(env: HarnessEnv, limits: LoopLimits, sampling: SamplingConfig, seed: int | None) -> EpisodeLimits:
