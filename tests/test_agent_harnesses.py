@@ -10,6 +10,7 @@ failing its episode with its reason, no process left behind.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import textwrap
@@ -18,8 +19,9 @@ from typing import Any
 
 import psutil
 import pytest
+from conftest import run_thermik
 from env_sources import eval_then_rl
-from serving import embedded_engine
+from serving import embedded_engine, running
 
 from thermik.agents.harness_env import HarnessEnv
 from thermik.config.agent import AgentConfig
@@ -121,6 +123,34 @@ def test_a_real_harness_runs_eval_and_three_rl_steps(tmp_path: Path, tiny_model_
     assert out["eval"]["n"] == 4
     assert all(step.get("agent/failed", 0.0) == 0.0 for step in out["steps"]), out["steps"]
     assert all(step["response_length/mean"] > 0 for step in out["steps"])
+
+
+@needs_venv
+@pytest.mark.slow
+def test_the_same_harness_against_an_api_model_writes_sft_rows_with_its_tools(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`thermik eval --policy.base_url` with the harness: no engine of thermik's, the episodes as SFT rows that
+    `thermik sft` trains on."""
+    from thermik.inference.server.app import build_app
+
+    engine, tokenizer = embedded_engine(tiny_model_dir)
+    with running(build_app(engine, tokenizer, "teacher"), on_exit=engine.close) as url:
+        done = run_thermik(
+            "eval", "--policy.base_url", f"{url}/v1", "--policy.model", "teacher", "--env.name", "reverse_text",
+            "--agent.command", f"{VENV_PYTHON} {HARNESSES / 'openai_loop.py'}", "--eval.size", "3",
+            "--output_dir", str(tmp_path), "--name", "teacher", "--monitor.progress", "false", timeout=300,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "teacher" / "sft.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["tools"][0]["function"]["name"] == "add" for r in rows)
+    assert all([m["role"] for m in r["messages"]][:3] == ["system", "user", "assistant"] for r in rows)
+    done = run_thermik(
+        "sft", "--model.path", str(tiny_model_dir), "--train_path", str(tmp_path / "teacher" / "sft.jsonl"),
+        "--max_steps", "1", "--batch_size", "3", "--eval_every", "0", "--output_dir", str(tmp_path), "--name", "warm",
+        "--progress", "false", timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 # ---------------------------------------------------------------------------- misbehaving harnesses (no venv)

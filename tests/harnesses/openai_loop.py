@@ -68,7 +68,8 @@ def run(task: dict, client_config: dict, stream: bool = False) -> dict:
                 break
             messages.append({"role": "user", "content": "Say it once more."})
             asked_again = True
-    return {"answer": reply.get("content") or "", "metrics": {"harness_turns": len(messages)}}
+    answer = reply.get("content") or ""
+    return {"answer": answer, "messages": messages, "tools": TOOLS, "metrics": {"harness_turns": len(messages)}}
 
 
 if __name__ == "__main__":
