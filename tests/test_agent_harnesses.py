@@ -242,3 +242,22 @@ def test_a_harness_rewarded_by_its_answer_through_the_envs_scorer(spied_engine, 
     """)  # fmt: skip
     assert "agent/failed" not in traj.env_metrics and traj.reward == pytest.approx(1.0)
     assert traj.env_metrics["harness/tool_calls"] == 2.0 and leaked == set()
+
+
+def test_failed_episodes_are_counted_by_the_rl_verdict_and_the_eval_categories(spied_engine, tmp_path: Path) -> None:
+    from thermik.config.schema import FailuresConfig
+    from thermik.errors import ThermikError
+    from thermik.rollout.metrics import rollout_metrics
+    from thermik.rollout.records import trajectory_record
+    from thermik.runs.verdict import agent_share
+
+    traj, _ = _failed(spied_engine, tmp_path, "sys.exit(5)\n")
+    assert trajectory_record(traj, None, None)["failure"] == "agent_failed"
+    ok = Trajectory([1], [2], [1], [0.0], [0], [1.0], turn_spans=[(0, 1, 1)])
+    metrics = rollout_metrics([traj, ok]) | {"episodes/played": 2.0}
+    assert metrics["episodes/agent_failed"] == 1.0 and metrics["agent/failed_crash"] == 0.5
+    verdict_stop = FailuresConfig(max_failed_share=0.25, stop=True)
+    from thermik.runs.verdict import Verdict
+
+    with pytest.raises(ThermikError, match=r"1 of 2 agent episodes failed .*crash 50%"):
+        Verdict([], [agent_share(verdict_stop)], stop=True).observe(metrics, "step 1")
