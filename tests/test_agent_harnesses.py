@@ -119,7 +119,7 @@ def test_a_real_harness_runs_eval_and_three_rl_steps(tmp_path: Path, tiny_model_
     command = f"{VENV_PYTHON} {HARNESSES / HARNESS_COMMANDS[name]}"
     lengths = ["--rollout.max_input_length", "1400", "--rollout.max_sequence_length", "1500"]
     out = eval_then_rl(tmp_path, tiny_model_dir, "--env.name", "reverse_text", "--agent.command", command,
-                       "--agent.timeout_s", "120", *lengths)  # fmt: skip
+                       "--agent.timeout_s", "300", *lengths)  # fmt: skip
     assert out["eval"]["n"] == 4
     assert all(step.get("agent/failed", 0.0) == 0.0 for step in out["steps"]), out["steps"]
     assert all(step["response_length/mean"] > 0 for step in out["steps"])
