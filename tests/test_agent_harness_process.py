@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from thermik.config.agent import AgentConfig
 from thermik.agents.process import Client, run_harness
+from thermik.config.agent import AgentConfig
 
 CLIENT = Client(
     "http://127.0.0.1:9/episodes/e1/v1", "key-e1", "thermik-policy", "http://127.0.0.1:9/episodes/e1/reward"
@@ -147,3 +147,19 @@ def test_a_cancelled_episode_kills_its_harness(tmp_path: Path) -> None:
     before = _children()
     asyncio.run(cancel_after_start())
     assert _children() - before == set()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--agent.entrypoint", "my_agent.run"], "expected 'pkg.module:function'"),
+        (["--agent.entrypoint", "a:run", "--agent.command", "python a.py"], "exclude each other"),
+        (["--agent.timeout_s", "0"], "agent.timeout_s"),
+    ],
+)
+def test_a_bad_agent_setting_is_refused_naming_it(args: list[str], message: str, tmp_path: Path, capsys) -> None:
+    from thermik.cli import main
+
+    assert main(["rl", *args, "--output_dir", str(tmp_path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

@@ -62,7 +62,7 @@ class AgentConfig(Section):
     @classmethod
     def _import_path(cls, value: str) -> str:
         if value and not ENTRYPOINT.fullmatch(value):
-            raise ValueError(f"expected 'pkg.module:function', got {value!r}")
+            raise ValueError("expected 'pkg.module:function'")
         return value
 
     @model_validator(mode="after")
