@@ -34,8 +34,8 @@ from thermik.config.trainer import (
 
 __all__ = [
     "DEFAULT_RUBRIC",
-    "AgentConfig",
     "AdvantageName",
+    "AgentConfig",
     "AlgorithmConfig",
     "CheckpointConfig",
     "CriticConfig",
