@@ -26,7 +26,7 @@ from thermik.config.agent import AgentConfig
 from thermik.lifetime import ProcessTree, dying_with_parent
 
 BOOTSTRAP = Path(__file__).with_name("bootstrap.py")
-POLL_S = 0.1
+POLL_S = 0.5  # how often the harness's process tree is recorded (a /proc scan); its exit is seen at once
 STDERR_TAIL = 600
 
 
