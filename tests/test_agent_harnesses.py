@@ -261,3 +261,33 @@ def test_failed_episodes_are_counted_by_the_rl_verdict_and_the_eval_categories(s
 
     with pytest.raises(ThermikError, match=r"1 of 2 agent episodes failed .*crash 50%"):
         Verdict([], [agent_share(verdict_stop)], stop=True).observe(metrics, "step 1")
+
+
+LIGHT = """
+import json, os, urllib.request
+task = json.loads(os.environ["THERMIK_TASK"])
+body = json.dumps({"model": os.environ["OPENAI_MODEL"], "messages": task["prompt"], "max_tokens": 8}).encode()
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body, headers={
+    "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+reply = json.load(urllib.request.urlopen(request, timeout=120))
+print(json.dumps({"answer": reply["choices"][0]["message"]["content"]}))
+"""
+
+
+@pytest.mark.slow
+def test_asynchronous_rl_trains_on_a_harness_episodes(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`thermik rl` with trainer.max_off_policy_steps 1: the harness's episodes are produced ahead and trained."""
+    (tmp_path / "light.py").write_text(LIGHT)
+    done = run_thermik(
+        "rl", "--name", "async", "--output_dir", str(tmp_path), "--model.path", str(tiny_model_dir),
+        "--env.name", "reverse_text", "--env.max_turns", "1", "--rollout.max_generate_length", "8",
+        "--rollout.max_input_length", "384", "--rollout.max_sequence_length", "420", "--monitor.progress", "false",
+        "--trainer.steps", "3", "--trainer.prompts_per_step", "2", "--trainer.group_size", "2",
+        "--eval.before", "false", "--eval.size", "2", "--trainer.max_off_policy_steps", "1",
+        "--agent.command", f"{sys.executable} {tmp_path / 'light.py'}", timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(x) for x in (tmp_path / "async" / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "reward/mean" in x]
+    assert [s["step"] for s in steps] == [1, 2, 3] and all(s["batch/trained_tokens"] > 0 for s in steps)
+    assert max(s["off_policy/staleness_max"] for s in steps) == 1.0 and not any("agent/failed" in s for s in steps)
