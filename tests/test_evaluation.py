@@ -141,7 +141,7 @@ def test_evaluate_scores_failures_and_skips_with_real_calculator_episodes() -> N
     assert b["pass@1"] == pytest.approx((1 + 0.25 + 0) / 3) and b["pass@4"] == pytest.approx(2 / 3)
     assert b["avg@4"] == pytest.approx(5 / 12) and b["env/calculator/pass@4"] == pytest.approx(2 / 3)
     want = {"wrong_answer": 3, "malformed_tool_call": 1, "unknown_tool_or_bad_arguments": 1}
-    want |= {"no_final_answer": 1, "turn_limit": 1, "tool_error": 0, "context_overflow": 0}
+    want |= {"no_final_answer": 1, "turn_limit": 1, "tool_error": 0, "context_overflow": 0, "agent_failed": 0}
     assert {k.removeprefix("failures/"): v for k, v in b.items() if k.startswith("failures/")} == want
     r = records[0]
     assert {"input_prompt", "output_response", "score", "stop_reason", "env_extras", "failure"} <= set(r)

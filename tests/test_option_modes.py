@@ -47,6 +47,7 @@ EFFECTS: dict[tuple[str, str], Callable[[RunConfig, str], None] | str] = {
     ("distributed.enabled", "ray"): _selects_ray,
     ("inference.backend", "local"): "test_remote_engine.py::test_rl_steps_through_a_thermik_inference_server",
     ("inference.backend", "ray"): "test_remote_engine.py::test_update_weights_pushes_a_state_dict_through_safetensors",
+    ("agent.command", "local"): "test_agent_harnesses.py::test_a_real_harness_runs_eval_and_three_rl_steps",
 }
 CELLS = [(rule, mode) for rule in OPTION_RULES for mode in MODES]
 

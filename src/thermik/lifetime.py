@@ -67,6 +67,34 @@ def child_pids(pid: int) -> set[int]:
     return {child for child, parent in _parents().items() if parent == pid}
 
 
+class ProcessTree:
+    """A process and everything it starts, recorded while it runs (`record`) so that descendants re-parented away
+    from it (a daemonised grandchild) are still known; `kill` SIGKILLs its process group and every recorded process
+    still alive. For a child started in a session of its own (`start_new_session=True`): an agent harness."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.seen = {root: start} if (start := _start_time(root)) is not None else {}
+
+    def record(self) -> None:
+        _record(self.seen)
+
+    def alive(self) -> list[int]:
+        """The recorded processes still alive, the root included."""
+        return _alive(self.seen)
+
+    def kill(self) -> list[int]:
+        """SIGKILL what is left (its process group, then every recorded process); the pids that were alive."""
+        self.record()
+        left = self.alive()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.root, signal.SIGKILL)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        return left
+
+
 def start_reaper(root_pids: Iterable[int]) -> None:
     """Start the watchdog that SIGKILLs the trees under `root_pids` once this process has died (see the docstring)."""
     roots = sorted(set(root_pids))

@@ -71,6 +71,16 @@ OPTION_RULES: tuple[OptionRule, ...] = (
         },
     ),
     OptionRule(
+        "agent.command", "python my_agent.py", lambda c: c.agent.enabled,
+        runs={"local": "agents/episode.py (a capture endpoint over the run's engine, in the rollout's event loop)"},
+        refused={
+            "ray": "agent harnesses are not yet played on Ray's engine pool; run `thermik rl` without "
+            "distributed.enabled",
+            "split": "the orchestrator does not yet serve capture endpoints over its server; run `thermik rl` without "
+            "--split",
+        },
+    ),
+    OptionRule(
         "inference.backend", "remote", lambda c: c.inference.backend != "embedded",
         runs={"local": "assembly/components.py", "ray": "assembly/components.py (in each engine actor)"},
         refused={

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from thermik.config.agent import AgentConfig
 from thermik.config.algorithm import AdvantageName, AlgorithmConfig, LossName, ReductionName
 from thermik.config.base import Section, check_engine_precision, regex_checked
 from thermik.config.data import DataColumnsConfig, DataConfig, LLMGeneratorConfig
@@ -34,6 +35,7 @@ from thermik.config.trainer import (
 __all__ = [
     "DEFAULT_RUBRIC",
     "AdvantageName",
+    "AgentConfig",
     "AlgorithmConfig",
     "CheckpointConfig",
     "CriticConfig",
@@ -92,6 +94,7 @@ class RunConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
     inference: InferenceConfig = Field(default_factory=InferenceConfig, description="Inference engine.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="Environment.")
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="Your agent harness plays each episode.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Agent loop limits and sampling.")
     data: DataConfig = Field(default_factory=DataConfig, description="Datasets.")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")

@@ -272,7 +272,10 @@ async def rollout_row(
     """One episode of a dataset row in a fresh environment (closed afterwards)."""
     env = make_env(row)
     try:
-        if env.plays_episode:  # another framework plays it and calls the engine back (rollout/verifiers_episodes.py)
+        play = getattr(env, "play", None)
+        if play is not None:  # an agent harness plays it against a capture endpoint (thermik.agents, `[agent]`)
+            traj = await play(engine, chat, row, limits, sampling, group_id, seed)
+        elif env.plays_episode:  # another framework plays it and calls the engine back (rollout/verifiers_episodes.py)
             from thermik.rollout.verifiers_episodes import play
 
             traj = await play(engine, env, chat, row["prompt"], limits, sampling, group_id, seed)

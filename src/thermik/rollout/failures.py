@@ -2,6 +2,7 @@
 
 The categories (docs/evaluation.md), in the order they are tested, the first match wins:
 
+- `agent_failed`: an agent harness (`[agent]`) failed the episode: it crashed, hung, went over budget (docs/agents.md);
 - `malformed_tool_call`: an assistant turn holds a tool-call block the parser cannot read;
 - `unknown_tool_or_bad_arguments`: a tool result says the tool does not exist or its arguments were refused;
 - `tool_error`: any other tool result that reports an error (`error: ...`);
@@ -24,6 +25,7 @@ SUCCESS_THRESHOLD = 1.0 - 1e-6
 """An episode succeeds when its total reward reaches 1 (exact answer, exact reversal)."""
 
 FAILURE_CATEGORIES = (
+    "agent_failed",
     "malformed_tool_call",
     "unknown_tool_or_bad_arguments",
     "tool_error",

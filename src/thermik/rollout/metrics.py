@@ -47,6 +47,8 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         out[f"reward/{env}/mean"] = fmean(rs)
     for key in sorted({k for t in trajs for k in t.env_metrics if "/" in k}):  # env metrics: "<env>/<name>"
         out[key] = fmean(t.env_metrics.get(key, 0.0) for t in trajs)
+    if any("agent/failed" in t.env_metrics for t in trajs):  # agent harnesses' failed episodes (thermik.agents)
+        out["episodes/agent_failed"] = float(sum(t.env_metrics.get("agent/failed", 0.0) for t in trajs))
     if any("masked" in t.env_metrics for t in trajs):
         out["episodes/masked_frac"] = fmean(t.env_metrics.get("masked", 0.0) for t in trajs)
     return out

@@ -54,7 +54,9 @@ def trajectory_record(
         "env_class": traj.env_name or row.get("env_class", ""),
         "data_source": row.get("data_source", ""),
         **where,
-        "failure": classify(traj.messages, str(traj.stop_reason), traj.reward, n_prompt, tool_parser),
+        "failure": "agent_failed"
+        if traj.env_metrics.get("agent/failed")
+        else classify(traj.messages, str(traj.stop_reason), traj.reward, n_prompt, tool_parser),
         "num_turns": traj.num_turns,
         "response_length": traj.num_generated_tokens,
         "tool_calls": traj.env_metrics.get("tool_calls", 0.0),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from thermik.agents.harness_env import harness_env_factory
 from thermik.assembly import components
 from thermik.assembly.hardware import check_hardware
 from thermik.atomic import writable_dir
@@ -163,7 +164,7 @@ def _rollout_context(
         cfg=cfg,
         chat=chat,
         engine=engine,
-        make_env=components.env_factory(cfg.env, pool),
+        make_env=harness_env_factory(components.env_factory(cfg.env, pool), cfg.agent),
         sampler=None if train_rows is None else PromptSampler(train_rows, cfg.data.seed),
         held_out=held_out[: cfg.eval.size],
         limits=limits,

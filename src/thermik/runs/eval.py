@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from thermik.agents.api_episode import ApiHarness
 from thermik.assembly import components
 from thermik.atomic import writable_dir
 from thermik.config.loader import dump_toml
@@ -109,12 +110,18 @@ async def _eval_api(cfg: EvalRunConfig) -> tuple[list[dict[str, Any]], Verdict]:
     pool = MCPPool(log_dir=cfg.run_dir / "logs")
     _, rows = components.load_datasets(cfg.data, cfg.env, train=False)
     limits = LoopLimits.from_config(cfg.rollout, cfg.env.max_turns)
-    player = ApiPolicy(cfg.policy, components.env_factory(cfg.env, pool), limits, _sampling(cfg), cfg.env.tool_parser)
+    make_env = components.env_factory(cfg.env, pool)
+    player = (
+        ApiHarness(cfg.agent, cfg.policy, make_env, cfg.run_dir / "sft.jsonl")
+        if cfg.agent.enabled
+        else ApiPolicy(cfg.policy, make_env, limits, _sampling(cfg), cfg.env.tool_parser)
+    )
     verdict = eval_verdict(cfg.failures, PromptLimit.of(limits, cfg.rollout))
     try:
         return [await _evaluate(cfg, rows[: cfg.eval.size], player, None, "eval", verdict)], verdict
     finally:
-        await player.close()
+        if isinstance(player, ApiPolicy):
+            await player.close()
         await pool.aclose()
 
 

@@ -164,7 +164,21 @@ def rl_verdict(failures: FailuresConfig, limit: PromptLimit) -> Verdict:
         "tokens are not trained; raise it or lower env.max_turns",
     )  # fmt: skip
     requirement = Requirement("batch/trained_tokens", nothing_trained)
-    return Verdict([requirement], [skipped_share(failures, limit), overlong], failures.stop)
+    return Verdict([requirement], [skipped_share(failures, limit), overlong, agent_share(failures)], failures.stop)
+
+
+def agent_share(failures: FailuresConfig) -> Share:
+    """Episodes an agent harness failed (`[agent]`, docs/agents.md), with the share of each reason."""
+
+    def cause(m: Totals) -> str:
+        reasons = {k.removeprefix("agent/failed_"): v for k, v in m.items() if k.startswith("agent/failed_") and v}
+        shares = ", ".join(f"{reason} {share:.0%}" for reason, share in sorted(reasons.items()))
+        return f"the agent harness failed them ({shares}); each names its reason on stderr (docs/agents.md)"
+
+    return Share(
+        "agent episodes failed", "episodes/agent_failed", ("episodes/played",), failures.max_failed_share,
+        "failures.max_failed_share", cause,
+    )  # fmt: skip
 
 
 def check_prompts_fit(lengths: list[int], limit: PromptLimit) -> None:

@@ -1,0 +1,38 @@
+"""The env of a row when an agent harness plays it (`[agent]`): the row's own env kept as the answer scorer, and
+`play` for the agent loop (rollout/agent_loop.py calls it instead of its own turns)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from thermik.config.agent import AgentConfig
+from thermik.envs.base import Env, StepOutput
+
+
+class HarnessEnv(Env):
+    """A row played by `agent.entrypoint` / `agent.command` against a capture endpoint (thermik.agents.episode)."""
+
+    plays_episode: ClassVar[bool] = True
+
+    def __init__(self, inner: Env, cfg: AgentConfig, row: dict[str, Any]) -> None:
+        self.inner, self.cfg, self.row = inner, cfg, row
+        self.tools = inner.tools
+
+    def step(self, action: str) -> StepOutput:
+        raise RuntimeError("an agent harness plays this episode; the agent loop never steps it")
+
+    async def play(self, *args: Any, **kwargs: Any) -> Any:
+        from thermik.agents.episode import play_episode
+
+        return await play_episode(self, *args, **kwargs)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def harness_env_factory(make_env: Callable[[dict[str, Any]], Env], cfg: AgentConfig) -> Callable[[dict[str, Any]], Env]:
+    """`make_env` when no harness is configured, else each row's env wrapped for the harness."""
+    if not cfg.enabled:
+        return make_env
+    return lambda row: HarnessEnv(make_env(row), cfg, row)
