@@ -18,6 +18,7 @@ from thermik.errors import NothingDoneError
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.runs.verdict import sft_verdict
 from thermik.training.optim import build_optimizer
+from thermik.training import packing
 from thermik.training.packing import block_causal_bias, pack
 from thermik.training.sft import auto_micro_batch_tokens, micro_batches, sft_loss, sft_token_logprobs, sft_update
 
@@ -63,10 +64,13 @@ def test_block_causal_bias_is_causal_within_a_segment_only():
     assert torch.equal(allowed, expected)
 
 
+@pytest.mark.parametrize("varlen", [True, False])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_packed_per_token_loss_and_gradients_equal_the_padded_batch(tiny_model_dir, attention):
+def test_packed_per_token_loss_and_gradients_equal_the_padded_batch(tiny_model_dir, monkeypatch, attention, varlen):
+    if not varlen:  # the masked rows: SDPA takes a boolean mask, eager an additive one
+        monkeypatch.setattr(packing, "VARLEN_SEGMENTS", ())
     model = load_model(tiny_model_dir)
-    model.set_attn_implementation(attention)  # SDPA takes a boolean mask, eager an additive one
+    model.set_attn_implementation(attention)
     assert model.config._attn_implementation == attention
     examples = _examples(12)
     padded_logp, mask = sft_token_logprobs(model, examples, pad_id=0)
