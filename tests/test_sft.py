@@ -17,8 +17,8 @@ from thermik.data.conversations import DataOrder, as_conversation, encode_all, l
 from thermik.errors import NothingDoneError
 from thermik.models.loading import load_model, load_tokenizer
 from thermik.runs.verdict import sft_verdict
-from thermik.training.optim import build_optimizer
 from thermik.training import packing
+from thermik.training.optim import build_optimizer
 from thermik.training.packing import block_causal_bias, pack
 from thermik.training.sft import auto_micro_batch_tokens, micro_batches, sft_loss, sft_token_logprobs, sft_update
 

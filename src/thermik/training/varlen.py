@@ -14,6 +14,7 @@ runs per sequence: its cost is the sum of each sequence's square, not the row's 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -63,7 +64,7 @@ def _segments_attention(
             query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=p, is_causal=True, scale=scaling,
             enable_gqa=gqa,
         )
-        for s, e in zip(bounds[:-1], bounds[1:], strict=True)
+        for s, e in itertools.pairwise(bounds)
         if e > s
     ]  # fmt: skip
     out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
