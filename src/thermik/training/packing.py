@@ -19,8 +19,10 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from thermik.training.batch import logprobs_and_entropy
+from thermik.training.batch import effective_temperature, logprobs_and_entropy
+from thermik.training.chunked_head import token_logprobs_chunked
 from thermik.training.varlen import attention_implementation, has_varlen_kernel, segment_attention, varlen_kwargs
 
 VARLEN_SEGMENTS = ("sdpa", "eager")  # attention implementations the per-sequence fallback stands in for
@@ -116,13 +118,19 @@ def packed_token_logprobs(
     sequence holds a value that belongs to no sequence (`unpack` drops it)."""
     device = next(model.parameters()).device
     if uses_varlen(model):  # the rows laid end to end in one
+        inputs = {
+            "input_ids": packed.input_ids.view(1, -1).to(device),
+            "position_ids": packed.position_ids.view(1, -1).to(device),
+            "use_cache": False,
+            **varlen_kwargs(packed.segment_lengths(), device),
+        }
         with nullcontext() if has_varlen_kernel(model) else segment_attention(model):
-            logits = model(
-                input_ids=packed.input_ids.view(1, -1).to(device),
-                position_ids=packed.position_ids.view(1, -1).to(device),
-                use_cache=False,
-                **varlen_kwargs(packed.segment_lengths(), device),
-            ).logits.view(*packed.input_ids.shape, -1)
+            inv_temp = 1.0 / effective_temperature(temperature)
+            chunked = token_logprobs_chunked(model, inv_temp, entropy_grad, **inputs)
+            if chunked is not None:  # [1, R*L - 1] -> [R, L - 1]
+                rows = packed.input_ids.shape
+                return tuple(F.pad(x, (0, 1)).view(rows)[:, :-1] for x in chunked)  # type: ignore[return-value]
+            logits = model(**inputs).logits.view(*packed.input_ids.shape, -1)
     else:
         logits = model(
             input_ids=packed.input_ids.to(device),
