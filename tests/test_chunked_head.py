@@ -55,6 +55,7 @@ def test_a_model_over_the_budget_never_makes_full_logits(tiny_model_dir, monkeyp
 
 def test_packed_varlen_rows_through_the_chunked_head(tiny_model_dir, monkeypatch) -> None:
     model = load_model(tiny_model_dir)
+    monkeypatch.setattr(packing, "SEGMENTS_ON_CPU", True)
     seqs = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19]]
     packed = packing.pack(seqs, 8, pad_id=0)  # two rows laid end to end
     logp0, ent0 = packing.packed_token_logprobs(model, packed)

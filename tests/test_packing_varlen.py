@@ -39,6 +39,9 @@ def test_segment_lengths_of_rows_laid_end_to_end():
 def test_varlen_logprobs_equal_the_padded_batch_without_a_mask(tiny_model_dir, monkeypatch, attention):
     model = load_model(tiny_model_dir)
     model.set_attn_implementation(attention)
+    assert not packing.uses_varlen(model)  # the CPU's default: the masked rows
+    monkeypatch.setattr(packing, "SEGMENTS_ON_CPU", True)
+    assert packing.uses_varlen(model)
     seqs = _seqs()
     ids, mask = _padded(seqs)
     logp0, ent0 = token_logprobs(model, ids, mask)

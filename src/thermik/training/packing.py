@@ -7,10 +7,10 @@ the model computes on it alone, up to float rounding; the padding a batch of mix
 
 - varlen (`pack_for` lays all sequences end to end in ONE row): attention runs per sequence from cumulative sequence
   lengths, no mask, no padding (training/varlen.py): flash attention's varlen kernel where the model uses flash
-  attention, else per-sequence SDPA (`thermik_segments`);
+  attention, else, off the CPU, per-sequence SDPA (`thermik_segments`; on the CPU with `SEGMENTS_ON_CPU`);
 - masked (rows of `max_tokens`): an explicit [R, 1, L, L] block-diagonal mask, which the transformers models take
   as is: boolean for SDPA attention, additive for eager. It still computes attention over each whole row; it is
-  what `pack` gives and what a model whose attention is neither SDPA, eager nor flash gets.
+  the CPU's default and what a model whose attention is neither SDPA, eager nor flash gets.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from thermik.training.chunked_head import token_logprobs_chunked
 from thermik.training.varlen import attention_implementation, has_varlen_kernel, segment_attention, varlen_kwargs
 
 VARLEN_SEGMENTS = ("sdpa", "eager")  # attention implementations the per-sequence fallback stands in for
+# On the CPU the masked rows stay the default: there the per-sequence calls were no faster than the masked rows
+# (benchmarks/packing.py compares all three); on a GPU they reach SDPA's flash kernel, which a mask rules out.
+SEGMENTS_ON_CPU = False
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,10 @@ class PackedBatch:
 def uses_varlen(model: torch.nn.Module) -> bool:
     """Whether the packed forward of `model` runs varlen (one row, per-sequence attention): flash attention, or the
     per-sequence fallback for SDPA/eager."""
-    return has_varlen_kernel(model) or attention_implementation(model) in VARLEN_SEGMENTS
+    if has_varlen_kernel(model):
+        return True
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    return attention_implementation(model) in VARLEN_SEGMENTS and (SEGMENTS_ON_CPU or not on_cpu)
 
 
 def pack_for(model: torch.nn.Module, seqs: list[list[int]], max_tokens: int, pad_id: int) -> PackedBatch:
