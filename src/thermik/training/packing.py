@@ -23,7 +23,13 @@ import torch.nn.functional as F
 
 from thermik.training.batch import effective_temperature, logprobs_and_entropy
 from thermik.training.chunked_head import token_logprobs_chunked
-from thermik.training.varlen import attention_implementation, has_varlen_kernel, segment_attention, varlen_kwargs
+from thermik.training.varlen import (
+    attention_implementation,
+    has_varlen_kernel,
+    segment_attention,
+    segment_kwargs,
+    varlen_kwargs,
+)
 
 VARLEN_SEGMENTS = ("sdpa", "eager")  # attention implementations the per-sequence fallback stands in for
 # On the CPU the masked rows stay the default: there the per-sequence calls were no faster than the masked rows
@@ -128,7 +134,7 @@ def packed_token_logprobs(
             "input_ids": packed.input_ids.view(1, -1).to(device),
             "position_ids": packed.position_ids.view(1, -1).to(device),
             "use_cache": False,
-            **varlen_kwargs(packed.segment_lengths(), device),
+            **(varlen_kwargs if has_varlen_kernel(model) else segment_kwargs)(packed.segment_lengths(), device),
         }
         with nullcontext() if has_varlen_kernel(model) else segment_attention(model):
             inv_temp = 1.0 / effective_temperature(temperature)

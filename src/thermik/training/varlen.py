@@ -41,6 +41,12 @@ def varlen_kwargs(lengths: list[int], device: torch.device) -> dict[str, object]
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
 
+def segment_kwargs(lengths: list[int], device: torch.device) -> dict[str, object]:
+    """`varlen_kwargs` plus the boundaries as a host tuple, which `thermik_segments` reads without a device sync."""
+    bounds = tuple(itertools.accumulate(lengths, initial=0))
+    return {**varlen_kwargs(lengths, device), "segment_bounds": bounds}
+
+
 def _segments_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -56,7 +62,7 @@ def _segments_attention(
     D], as transformers' attention functions return it."""
     if cu_seq_lens_q is None or query.shape[0] != 1:
         raise ValueError("thermik_segments attention needs one packed row and its cu_seq_lens_q")
-    bounds = cu_seq_lens_q.tolist()
+    bounds = kwargs.get("segment_bounds") or cu_seq_lens_q.tolist()  # the host's copy saves a sync per layer
     gqa = query.shape[1] != key.shape[1]
     p = dropout if module.training else 0.0
     parts = [
