@@ -76,9 +76,8 @@ def test_a_policy_update_on_packed_rows_equals_the_padded_update(tiny_model_dir)
         metrics = update.policy_update(model, None, _batch(distinct_prompts=False), setup, optimizer, scheduler)
         assert metrics["health/skipped_steps"] == 0
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
-    # AdamW's first step moves each weight by ~lr * g / |g|: where a gradient is ~0, its float rounding decides the
-    # step, so equal gradients move weights by < 10% of the 1e-3 step apart
-    torch.testing.assert_close(weights[1], weights[0], rtol=0, atol=1e-4)
+    # AdamW divides by sqrt(v): gradients equal to float rounding move a weight by < 1% of its 1e-3 step apart
+    torch.testing.assert_close(weights[1], weights[0], rtol=0, atol=2e-5)
     assert float((weights[1] - base_flat(base)).abs().max()) > 5e-4, "the update moved the weights"
 
 
