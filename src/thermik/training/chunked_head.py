@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from thermik.training.fused_head import head_dtype
 from thermik.training.precision import Float32LMHead
@@ -77,13 +78,15 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
 
 def plain_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     """The model's lm head when it is a plain bias-free linear layer applied to the decoder's output as is (no
-    logit scaling or soft-capping), else None."""
+    logit scaling or soft-capping) whose weight is whole on this process, else None."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     plain = isinstance(head, torch.nn.Linear) and head.bias is None
     if not plain or type(head).forward not in (torch.nn.Linear.forward, Float32LMHead.forward):
         return None
     cfg = model.config
     if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None) not in (None, 1, 1.0):
+        return None
+    if isinstance(head.weight.data, DTensor):  # sharded (FSDP2): only the head's own forward gathers it
         return None
     return head if hasattr(model, "get_decoder") else None
 
