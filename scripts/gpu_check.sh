@@ -11,7 +11,8 @@
 #
 # Options: --device cuda|cpu|cuda:N (default cuda), --out DIR (default $OUT, else .gpu-check), --wheels DIR (wheels
 # installed with pip --no-index --no-deps into a private directory first: scripts/gpu_wheels.sh makes them),
-# --quick (tiny sizes), --stages env,tests,calculator,generate,mfu,rl_sync (a subset), --budget SECONDS (default 440:
+# --quick (tiny sizes), --stages env,tests,calculator,generate,mfu,rl_sync,packing,chunked_head (the default; a
+# subset, or main_job: the SmolLM2 example, with --smollm2 DIR and --budget 600), --budget SECONDS (default 440:
 # each stage's limit is cut to what is left of it), --keep (keep the work directory with its models and runs; by
 # default only what logs.tar.gz holds is kept). No network, no pip index, no install into the environment.
 set -uo pipefail
@@ -147,6 +148,39 @@ stage_rl_sync() {
   return $rc
 }
 
+stage_packing() {
+  # Packed SFT forward+backward: padded vs varlen (one row; flash varlen with flash-attn, else per-sequence SDPA)
+  # vs the masked rows, equal losses checked (benchmarks/packing.py).
+  if ((QUICK)); then
+    "$PY" benchmarks/packing.py --device "$DEVICE" --preset qwen2-1m --batch 6 --min-len 4 --max-len 48 --repeats 1
+    return
+  fi
+  "$PY" benchmarks/packing.py --device "$DEVICE" --preset qwen2-20m --batch 32 --min-len 64 --max-len 2048 --repeats 3
+}
+
+stage_chunked_head() {
+  # Peak memory and time of the lm head + logprobs + entropy, full logits vs chunks (benchmarks/chunked_head.py);
+  # on a GPU at Qwen2.5-0.5B's head and the RL size's 16 x 2,048 tokens.
+  if ((QUICK)); then
+    "$PY" benchmarks/chunked_head.py --device "$DEVICE" --tokens 256 --vocab 4096 --hidden 64 --chunk 64
+    return
+  fi
+  "$PY" benchmarks/chunked_head.py --device "$DEVICE" --dtype bfloat16 --tokens 32768 --vocab 151936 --hidden 896 \
+    --chunk 4096
+}
+
+stage_main_job() {
+  # The real-model example on this device: SmolLM2-135M-Instruct on word problems, zero-shot eval -> SFT -> GRPO ->
+  # held-out table with each stage's wall time. Needs the imported model directory (--smollm2 DIR: the machine has
+  # no network); without one the stage says so and passes. Not in the default stages: run it with --stages main_job.
+  if [[ -z $SMOLLM2 ]]; then
+    echo "main_job: skipped, no SmolLM2-135M-Instruct directory (--smollm2 DIR, from thermik model import)"
+    return 0
+  fi
+  # shellcheck disable=SC2046
+  MODEL=$SMOLLM2 THERMIK_MODEL__DEVICE=$DEVICE bash examples/smollm2_word_problems/run.sh $(quick --quick)
+}
+
 if [[ ${1:-} == __stage ]]; then  # re-entry: `timeout` runs one stage of this script in a child shell (cwd: ROOT)
   shift
   "stage_$1" 2>&1
@@ -160,7 +194,8 @@ DEVICE=cuda
 OUT_DIR=${OUT:-$ROOT/.gpu-check}
 WHEELS=""
 QUICK=0
-STAGES="env,tests,calculator,generate,mfu,rl_sync"
+STAGES="env,tests,calculator,generate,mfu,rl_sync,packing,chunked_head"
+SMOLLM2=""
 BUDGET=440
 KEEP=0
 while (($#)); do
@@ -172,6 +207,7 @@ while (($#)); do
     --stages) STAGES=$2; shift 2 ;;
     --budget) BUDGET=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
+    --smollm2) SMOLLM2=$2; shift 2 ;;
     *) echo "gpu_check: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -184,7 +220,8 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/thermik-gpu-check.XXXXXX")
 RUNS=$WORK/runs
 LOGS=$WORK/logs
 mkdir -p "$RUNS" "$LOGS" "$OUT_DIR"
-export DEVICE QUICK ROOT RUNS LOGS WORK
+[[ -n $SMOLLM2 ]] && SMOLLM2=$(absolute "$SMOLLM2")
+export DEVICE QUICK ROOT RUNS LOGS WORK SMOLLM2
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 export XDG_CACHE_HOME=$WORK/cache MPLCONFIGDIR=$WORK/mpl  # the C kernels' build cache and matplotlib's, private
 export PY=${PYTHON:-python3}
@@ -202,7 +239,8 @@ fi
 
 # Each stage's own limit (seconds) on a GPU. tests and calculator run side by
 # side (neither keeps a GPU busy); the benchmarks and the RL runs after them have the GPU to themselves.
-declare -A LIMIT=([env]=60 [tests]=240 [calculator]=240 [generate]=120 [mfu]=240 [rl_sync]=90)
+declare -A LIMIT=([env]=60 [tests]=240 [calculator]=240 [generate]=120 [mfu]=240 [rl_sync]=90 [packing]=60
+  [chunked_head]=60 [main_job]=540)
 if ((QUICK)); then  # the dry run's tiny sizes on a CPU shared with other work: five times the limits
   for stage in "${!LIMIT[@]}"; do LIMIT[$stage]=$((LIMIT[$stage] * 5)); done
 fi
@@ -232,7 +270,7 @@ run_stage env
 run_stage tests &
 run_stage calculator
 wait
-for stage in generate mfu rl_sync; do
+for stage in generate mfu rl_sync packing chunked_head main_job; do
   run_stage "$stage"
 done
 

@@ -137,6 +137,9 @@ def summary(work: Path) -> tuple[str, dict[str, Any]]:
         "trainer_mfu": lines(work, "mfu", MFU_LINES),
         "generation": lines(work, "generate", GENERATE_LINES),
         "rl_sync": rl,
+        "packing": lines(work, "packing", ("qwen2", "padded ")),
+        "chunked_head": lines(work, "chunked_head", ("head ", "full:", "chunked:", "peak ratio")),
+        "main_job": [line for line in tail(work, "main_job", 40).splitlines() if line.startswith(("|", "main_job:"))],
     }
     md = ["# thermik GPU check", "", *[f"    {line}" for line in results["environment"]], "", "## Stages", ""]
     md += ["| stage | result | seconds | limit |", "|---|---|---|---|"]
@@ -145,6 +148,10 @@ def summary(work: Path) -> tuple[str, dict[str, Any]]:
     md += ["", "## Trainer throughput and MFU", "", *[f"    {line}" for line in results["trainer_mfu"]]]
     md += ["", "## Generation throughput", "", *[f"    {line}" for line in results["generation"]]]
     md += ["", "## RL with weight sync (per step)", "", *rl_table(rl)]
+    md += ["", "## Packed training forward (padded, varlen, masked)", "", *[f"    {x}" for x in results["packing"]]]
+    md += ["", "## Chunked lm head (peak memory)", "", *[f"    {x}" for x in results["chunked_head"]]]
+    if any(s["stage"] == "main_job" for s in table):
+        md += ["", "## SmolLM2 example (held-out table, stage wall times)", "", *results["main_job"]]
     for s in table:
         if s["rc"] != "0":
             title = f"## {s['stage']}: {outcome(s['rc'])}, last lines of its log"

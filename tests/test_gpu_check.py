@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import cli_env, needs_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["env", "tests", "calculator", "generate", "mfu", "rl_sync"]
+STAGES = ["env", "tests", "calculator", "generate", "mfu", "rl_sync", "packing", "chunked_head"]
 
 
 def gpu_check(out: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -49,6 +49,21 @@ def test_gpu_check_runs_every_stage_on_the_cpu(tmp_path: Path) -> None:
     with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:
         names = tar.getnames()
     assert "logs/stages.tsv" in names and "runs/calc-rl-bf16/metrics.jsonl" in names
+
+
+@pytest.mark.slow
+def test_the_trainer_stages_and_the_prepared_main_job(tmp_path: Path) -> None:
+    """packing and chunked_head at tiny sizes report their figures; main_job without a model directory says so and
+    passes (it runs only on a machine given --smollm2 DIR)."""
+    proc = gpu_check(
+        tmp_path / "out", "--device", "cpu", "--quick", "--stages", "packing,chunked_head,main_job", timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [s["stage"] for s in results["stages"]] == ["packing", "chunked_head", "main_job"]
+    assert any(line.startswith("padded ") and "varlen" in line for line in results["packing"])
+    assert any(line.startswith("peak ratio full / chunked") for line in results["chunked_head"])
+    assert any("skipped, no SmolLM2" in line for line in results["main_job"])
 
 
 def test_a_failing_stage_is_recorded_and_the_next_one_runs(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from thermik.algorithms.advantages import broadcast_to_tokens
 from thermik.rollout.trajectory import Trajectory
+from thermik.training.chunked_head import token_logprobs_chunked
 from thermik.training.vocab_logprobs import vocab_logprobs
 
 
@@ -113,6 +114,12 @@ def token_logprobs(
     temperature: float = 1.0,
     entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logp [B, L-1] of each next token under softmax(logits / temperature), entropy [B, L-1])."""
+    """(logp [B, L-1] of each next token under softmax(logits / temperature), entropy [B, L-1]); through the chunked
+    head (training/chunked_head.py) when the full logits would exceed its budget."""
+    inv_temp = 1.0 / effective_temperature(temperature)
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    chunked = token_logprobs_chunked(model, inv_temp, entropy_grad, **inputs)
+    if chunked is not None:
+        return chunked
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
     return logprobs_and_entropy(logits, input_ids[:, 1:], temperature, entropy_grad)

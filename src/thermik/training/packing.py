@@ -3,17 +3,38 @@
 Rows are filled first-fit by decreasing length (`pack`). Inside a row every sequence restarts its position ids at 0
 and the attention mask is block-diagonal and causal (`block_causal_bias`), so each sequence's logits equal what
 the model computes on it alone, up to float rounding; the padding a batch of mixed lengths would need is gone
-(benchmarks/packing.py). The mask is an explicit [R, 1, L, L] tensor, which the transformers models take as
-is: boolean for SDPA attention, additive for eager (CPU and GPU).
+(benchmarks/packing.py). Two ways to run the packed forward:
+
+- varlen (`pack_for` lays all sequences end to end in ONE row): attention runs per sequence from cumulative sequence
+  lengths, no mask, no padding (training/varlen.py): flash attention's varlen kernel where the model uses flash
+  attention, else, off the CPU, per-sequence SDPA (`thermik_segments`; on the CPU with `SEGMENTS_ON_CPU`);
+- masked (rows of `max_tokens`): an explicit [R, 1, L, L] block-diagonal mask, which the transformers models take
+  as is: boolean for SDPA attention, additive for eager. It still computes attention over each whole row; it is
+  the CPU's default and what a model whose attention is neither SDPA, eager nor flash gets.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from thermik.training.batch import logprobs_and_entropy
+from thermik.training.batch import effective_temperature, logprobs_and_entropy
+from thermik.training.chunked_head import token_logprobs_chunked
+from thermik.training.varlen import (
+    attention_implementation,
+    has_varlen_kernel,
+    segment_attention,
+    segment_kwargs,
+    varlen_kwargs,
+)
+
+VARLEN_SEGMENTS = ("sdpa", "eager")  # attention implementations the per-sequence fallback stands in for
+# On the CPU the masked rows stay the default: there the per-sequence calls were no faster than the masked rows
+# (benchmarks/packing.py compares all three); on a GPU they reach SDPA's flash kernel, which a mask rules out.
+SEGMENTS_ON_CPU = False
 
 
 @dataclass(frozen=True)
@@ -26,6 +47,25 @@ class PackedBatch:
     @property
     def rows(self) -> int:
         return self.input_ids.shape[0]
+
+    def segment_lengths(self) -> list[int]:
+        """The lengths of the segments of the rows laid end to end (each row's sequences, then its padding)."""
+        return torch.unique_consecutive(self.segments.flatten(), return_counts=True)[1].tolist()
+
+
+def uses_varlen(model: torch.nn.Module) -> bool:
+    """Whether the packed forward of `model` runs varlen (one row, per-sequence attention): flash attention, or the
+    per-sequence fallback for SDPA/eager."""
+    if has_varlen_kernel(model):
+        return True
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    return attention_implementation(model) in VARLEN_SEGMENTS and (SEGMENTS_ON_CPU or not on_cpu)
+
+
+def pack_for(model: torch.nn.Module, seqs: list[list[int]], max_tokens: int, pad_id: int) -> PackedBatch:
+    """`seqs` packed the way `model`'s packed forward takes them: one row of all of them for a varlen forward, else
+    rows of max_tokens (`pack`)."""
+    return pack(seqs, sum(len(s) for s in seqs) if uses_varlen(model) else max_tokens, pad_id)
 
 
 def pack(seqs: list[list[int]], max_tokens: int, pad_id: int) -> PackedBatch:
@@ -75,11 +115,8 @@ def block_causal_bias(segments: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
 
 def packed_attention_mask(model: torch.nn.Module, segments: torch.Tensor) -> torch.Tensor | None:
     """The mask the model's attention takes as is: boolean for SDPA (any query dtype, also under autocast), additive
-    in the parameters' dtype for eager attention (it adds the mask to the scores); None for flash attention, whose
-    varlen kernels find the sequences from the position ids that restart at 0."""
-    impl = getattr(model.config, "_attn_implementation", "eager") or "eager"
-    if impl.startswith("flash"):
-        return None
+    in the parameters' dtype for eager (or any other) attention, which adds the mask to the scores."""
+    impl = attention_implementation(model)
     if impl == "sdpa":
         return block_causal_allowed(segments)
     dtype = next(model.parameters()).dtype
@@ -92,12 +129,27 @@ def packed_token_logprobs(
     """(logp, entropy) [R, L-1] of each next token of the packed rows; a position whose next token starts another
     sequence holds a value that belongs to no sequence (`unpack` drops it)."""
     device = next(model.parameters()).device
-    logits = model(
-        input_ids=packed.input_ids.to(device),
-        attention_mask=packed_attention_mask(model, packed.segments.to(device)),  # per sequence, causal
-        position_ids=packed.position_ids.to(device),
-        use_cache=False,
-    ).logits
+    if uses_varlen(model):  # the rows laid end to end in one
+        inputs = {
+            "input_ids": packed.input_ids.view(1, -1).to(device),
+            "position_ids": packed.position_ids.view(1, -1).to(device),
+            "use_cache": False,
+            **(varlen_kwargs if has_varlen_kernel(model) else segment_kwargs)(packed.segment_lengths(), device),
+        }
+        with nullcontext() if has_varlen_kernel(model) else segment_attention(model):
+            inv_temp = 1.0 / effective_temperature(temperature)
+            chunked = token_logprobs_chunked(model, inv_temp, entropy_grad, **inputs)
+            if chunked is not None:  # [1, R*L - 1] -> [R, L - 1]
+                rows = packed.input_ids.shape
+                return tuple(F.pad(x, (0, 1)).view(rows)[:, :-1] for x in chunked)  # type: ignore[return-value]
+            logits = model(**inputs).logits.view(*packed.input_ids.shape, -1)
+    else:
+        logits = model(
+            input_ids=packed.input_ids.to(device),
+            attention_mask=packed_attention_mask(model, packed.segments.to(device)),  # per sequence, causal
+            position_ids=packed.position_ids.to(device),
+            use_cache=False,
+        ).logits
     return logprobs_and_entropy(logits, packed.input_ids[:, 1:].to(device), temperature, entropy_grad)
 
 

@@ -17,7 +17,7 @@ import torch
 from thermik.training.batch import model_device, token_logprobs
 from thermik.training.checkpoint import CheckpointManager, load_training_state, save_training_state
 from thermik.training.mixed_precision import train_autocast
-from thermik.training.packing import pack, packed_token_logprobs, unpack
+from thermik.training.packing import pack_for, packed_token_logprobs, unpack
 
 Example = tuple[list[int], list[int]]  # (token ids, loss mask), as data/conversations.py encodes them
 
@@ -32,7 +32,7 @@ def sft_token_logprobs(
     device = model_device(model)  # each tensor built once, where the model lives
     mask = torch.tensor([m[1 : len(ids)] + [0] * pad for ids, m, pad in rows], dtype=torch.float32, device=device)
     if pack_tokens:
-        packed = pack([ids for ids, _ in examples], pack_tokens, pad_id)
+        packed = pack_for(model, [ids for ids, _ in examples], pack_tokens, pad_id)
         logp, _ = packed_token_logprobs(model, packed, entropy_grad=False)
         return unpack(logp, packed, width), mask
     input_ids = torch.tensor([ids + [pad_id] * pad for ids, _, pad in rows], device=device)

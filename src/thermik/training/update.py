@@ -17,7 +17,7 @@ from thermik.algorithms.health import NonFiniteGuard
 from thermik.training.batch import TokenBatch, model_device, token_logprobs
 from thermik.training.loss import LossSetup, MicroMetrics, micro_batch_loss, mini_batch_reduction
 from thermik.training.mixed_precision import train_autocast
-from thermik.training.packing import pack, packed_token_logprobs, unpack
+from thermik.training.packing import pack_for, packed_token_logprobs, unpack
 from thermik.training.shared_prefix import token_logprobs_shared
 
 PER_TOKEN_FIELDS = ("mask", "rollout_logp", "adv", "old_logp", "ref_logp", "token_rewards", "values", "returns")
@@ -72,7 +72,7 @@ def packed_rows_logprobs(
     packing would not save a row."""
     lengths = mb.attention_mask.sum(dim=-1).tolist()
     width = mb.input_ids.shape[1]
-    packed = pack([mb.input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)], width, pad_id=0)
+    packed = pack_for(model, [mb.input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)], width, pad_id=0)
     if packed.rows >= len(mb):
         return None
     logp, entropy = packed_token_logprobs(model, packed, temperature, entropy_grad)
