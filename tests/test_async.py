@@ -116,7 +116,11 @@ def test_staleness_counts_from_the_oldest_token_not_the_start() -> None:
         return seen
 
     seen = asyncio.run(main())
-    trained = {i: (start, step) for step, (indices, starts, _) in enumerate(seen) for i, start in zip(indices, starts)}
+    trained = {
+        i: (start, step)
+        for step, (indices, starts, _) in enumerate(seen)
+        for i, start in zip(indices, starts, strict=True)
+    }
     assert 0 in trained and trained[0][1] - trained[0][0] > 1  # trained more than one version after its start
     assert all(m["async/dropped_groups"] == 0 and m["off_policy/staleness_max"] <= 1 for _, _, m in seen)
 
