@@ -5,16 +5,20 @@ and the learner's batch carries those per-token behaviour logprobs (tiny preset 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from tests.conftest import short_rl_config
 from thermik.config.model import InferenceConfig
+from thermik.envs.registry import register, unregister
 from thermik.inference.base import Generation, SamplingParams
 from thermik.inference.embedded import EmbeddedEngine
 from thermik.rollout.trajectory import Trajectory
+from thermik.runs.local import run_rl
 from thermik.training.batch import collate
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7]
@@ -104,3 +108,22 @@ def test_keep_goes_on_with_stale_keys_and_values(tiny_model_dir: Path, models) -
 def test_inflight_kv_is_checked() -> None:
     with pytest.raises(ValueError, match="inflight_kv"):
         EmbeddedEngine(torch.nn.Linear(1, 1), eos_token_ids=(), pad_token_id=0, inflight_kv="drop")  # type: ignore[arg-type]
+
+
+def test_async_local_run_with_recomputed_kv(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A one-step-off local run whose engine recomputes running requests' caches at each update: it trains, and
+    every step logs the per-token staleness (within the bound) and what the staleness rule dropped."""
+    cfg = short_rl_config(
+        tmp_path, tiny_model_dir, "inflight", "lowercase", train_rows=16, eval_rows=4,
+        trainer={"steps": 3, "prompts_per_step": 2, "group_size": 4, "max_async_steps": 1},
+        inference={"inflight_kv": "recompute"}, rollout={"max_generate_length": 32},
+    )  # fmt: skip
+    register("lowercase", "tests.test_grpo_learns:CountLetterEnv")
+    try:
+        run_rl(cfg)
+    finally:
+        unregister("lowercase")
+    lines = [json.loads(x) for x in (tmp_path / "inflight" / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "off_policy/token_staleness_max" in x]
+    assert len(steps) == 3
+    assert all(x["off_policy/token_staleness_max"] <= 1 and x["async/dropped_tokens"] >= 0 for x in steps)
