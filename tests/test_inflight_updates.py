@@ -14,9 +14,11 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from tests.conftest import short_rl_config
 from thermik.config.model import InferenceConfig
+from thermik.config.schema import ServeConfig
 from thermik.envs.registry import register, unregister
 from thermik.inference.base import Generation, SamplingParams
 from thermik.inference.embedded import EmbeddedEngine
+from thermik.inference.server.run import serve_engine
 from thermik.rollout.trajectory import Trajectory
 from thermik.runs.local import run_rl
 from thermik.training.batch import collate
@@ -127,3 +129,13 @@ def test_async_local_run_with_recomputed_kv(tmp_path: Path, tiny_model_dir: Path
     steps = [x for x in lines if "off_policy/token_staleness_max" in x]
     assert len(steps) == 3
     assert all(x["off_policy/token_staleness_max"] <= 1 and x["async/dropped_tokens"] >= 0 for x in steps)
+
+
+def test_thermik_inference_server_engine_takes_the_setting(tiny_model_dir: Path) -> None:
+    """`thermik inference` builds its engine with inference.inflight_kv: a run's remote engine (the thermik server)
+    updates in flight the same way."""
+    cfg = ServeConfig.model_validate(
+        {"model": {"path": str(tiny_model_dir)}, "inference": {"inflight_kv": "recompute", "precision": "float32"}}
+    )
+    engine, _ = serve_engine(cfg)
+    assert engine.inflight_kv == "recompute"
