@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from serving import running
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from tests.conftest import short_rl_config
@@ -18,7 +19,10 @@ from thermik.config.schema import ServeConfig
 from thermik.envs.registry import register, unregister
 from thermik.inference.base import Generation, SamplingParams
 from thermik.inference.embedded import EmbeddedEngine
+from thermik.inference.remote import RemoteEngine
+from thermik.inference.server.app import build_app
 from thermik.inference.server.run import serve_engine
+from thermik.models.loading import load_tokenizer
 from thermik.rollout.trajectory import Trajectory
 from thermik.runs.local import run_rl
 from thermik.training.batch import collate
@@ -139,3 +143,27 @@ def test_thermik_inference_server_engine_takes_the_setting(tiny_model_dir: Path)
     )
     engine, _ = serve_engine(cfg)
     assert engine.inflight_kv == "recompute"
+
+
+def test_remote_engine_reads_per_token_versions_of_an_update_in_flight(tiny_model_dir: Path, models) -> None:
+    """thermik's server on loopback, a weight update pushed through `RemoteEngine` while a request runs: the
+    request's tokens come back with the version of each (0 then 1), so the run bounds staleness by the oldest."""
+    _, _, state = models
+    tokenizer = load_tokenizer(tiny_model_dir)
+    engine = EmbeddedEngine(load(tiny_model_dir), eos_token_ids=(), pad_token_id=0)
+
+    async def main(url: str) -> Generation:
+        remote = RemoteEngine(url, stop_token_ids=())
+        try:
+            task = asyncio.create_task(remote.generate(PROMPT, PARAMS))
+            while engine.num_forwards < 5:
+                await asyncio.sleep(0.001)
+            await remote.update_weights(state)
+            return await task
+        finally:
+            await remote.close()
+
+    with running(build_app(engine, tokenizer, "tiny"), on_exit=engine.close) as url:
+        gen = asyncio.run(main(url))
+    assert gen.weight_versions == sorted(gen.weight_versions) and len(gen.weight_versions) == len(gen.token_ids)
+    assert gen.weight_versions[0] == 0 and gen.weight_versions[-1] == gen.weight_version == 1
