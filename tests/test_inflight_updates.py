@@ -80,16 +80,20 @@ def models(tiny_model_dir: Path) -> tuple[PreTrainedModel, PreTrainedModel, dict
     return v0, v1, state
 
 
-def run(tiny_model_dir: Path, state: dict[str, torch.Tensor], inflight_kv: str) -> Generation:
-    engine = EmbeddedEngine(load(tiny_model_dir), eos_token_ids=(), pad_token_id=0, inflight_kv=inflight_kv)
+def run(tiny_model_dir: Path, state: dict[str, torch.Tensor], inflight_kv: str, graphs: str = "off") -> Generation:
+    engine = EmbeddedEngine(
+        load(tiny_model_dir), eos_token_ids=(), pad_token_id=0, inflight_kv=inflight_kv, decode_graphs=graphs
+    )
     return generate_across_update(engine, state)
 
 
-def test_recompute_samples_each_token_under_its_versions_weights(tiny_model_dir: Path, models) -> None:
+# eager: the fixed-shape step a GPU replays as a CUDA graph (slow on a CPU)
+@pytest.mark.parametrize("graphs", ["off", pytest.param("eager", marks=pytest.mark.slow)])
+def test_recompute_samples_each_token_under_its_versions_weights(tiny_model_dir: Path, models, graphs: str) -> None:
     """With the KV cache recomputed at the update, each token's recorded behaviour logprob is its version's exact
     logprob, and the learner's batch carries exactly those, token by token."""
     v0, v1, state = models
-    gen = run(tiny_model_dir, state, "recompute")
+    gen = run(tiny_model_dir, state, "recompute", graphs)
     versions = torch.tensor(gen.weight_versions)
     expected = torch.where(versions == 0, recomputed(v0, gen), recomputed(v1, gen))
     torch.testing.assert_close(torch.tensor(gen.logprobs), expected, atol=1e-4, rtol=0)
