@@ -86,7 +86,7 @@ class PrefillPlanner:
         their keys and values come from the current weights (in-flight weight updates, `inflight_kv="recompute"`).
         The logits are not used: each request's next token was sampled already."""
         slots = self.scheduler.slots
-        rows = [(i, 0, slots[i].tokens) for i in self.scheduler.running()]
+        rows = [(i, 0, slots[i].tokens) for i in self.scheduler.running() if slots[i].tokens]
         if not rows:
             return
         for i, _, _ in rows:
