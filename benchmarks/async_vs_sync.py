@@ -3,8 +3,12 @@
 Runs `thermik rl @ examples/calculator/rl.toml` (the main job's RL half, from its SFT checkpoint) with
 trainer.max_async_steps = 0 (synchronous), then each value of --off-policy, for --steps steps each, with
 the calculator MCP server sleeping --latency seconds per tool call (real agent tools are slow: search APIs,
-code execution). Prints the mean wall time per step (after the first) and the held-out success after training
-(--eval-size problems sampled at temperature 1), and the speed ratio of each async run over the synchronous.
+code execution). Asynchronous rows take weight updates in flight (docs/async.md), one row per --inflight-kv
+value (the running requests' KV cache kept or recomputed at an update). Every mode runs --seeds times (seeds
+0, 1, ...); it prints the mean ± standard error over seeds of the wall time per step (after the first) and of
+the held-out success after training (--eval-size problems sampled at temperature 1), the speed ratio over the
+synchronous mean, the staleness in versions (per group, mean and max) and per sampled token, and the share of
+samples the staleness rule dropped.
 
 With --split K it adds a row for the same run with max_async_steps = K as three processes from one config
 (`thermik inference`, `thermik trainer`, `thermik orchestrator`; docs/process_split.md), each with one torch
@@ -12,7 +16,7 @@ thread: the decode loop, the update and the agent loops no longer share one inte
 OpenMP runtime. Its s/step is the mean interval between the trainer's steps (after the first).
 
     bash examples/calculator/run.sh                      # once: builds runs/calculator-sft/model
-    python benchmarks/async_vs_sync.py --latency 0.3 --steps 30
+    python benchmarks/async_vs_sync.py --latency 0.3 --steps 30 --seeds 3 --inflight-kv keep recompute
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from thermik.runs.local import run_rl
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "calculator" / "rl.toml"
 
 
-def rl_argv(args: argparse.Namespace, name: str, off_policy: int, out: Path) -> list[str]:
+def rl_argv(args: argparse.Namespace, name: str, off_policy: int, out: Path, seed: int = 0, kv: str = "keep"):
     return [
         "@",
         str(EXAMPLE),
@@ -47,6 +51,8 @@ def rl_argv(args: argparse.Namespace, name: str, off_policy: int, out: Path) -> 
         f"--model.path={args.model}",
         f"--trainer.steps={args.steps}",
         f"--trainer.max_async_steps={off_policy}",
+        f"--seed={seed}",
+        f"--inference.inflight_kv={kv}",
         f"--env.tool_latency_s={args.latency}",
         f"--eval.size={args.eval_size}",
         "--eval.before=false",
@@ -56,25 +62,29 @@ def rl_argv(args: argparse.Namespace, name: str, off_policy: int, out: Path) -> 
     ]
 
 
-def run(args: argparse.Namespace, off_policy: int, out: Path) -> dict[str, float]:
-    cfg = load_config(RunConfig, rl_argv(args, f"async-{off_policy}", off_policy, out), env={})
+def run(args: argparse.Namespace, off_policy: int, out: Path, seed: int, kv: str) -> dict[str, float]:
+    cfg = load_config(
+        RunConfig, rl_argv(args, f"async-{off_policy}-{kv}-seed{seed}", off_policy, out, seed, kv), env={}
+    )
     result = run_rl(cfg)
     records = _records(cfg.run_dir / "metrics.jsonl")
     steps = [r["time/step"] for r in records if "time/step" in r][1:]
     return _summary(statistics.mean(steps), result["after"]["success"], records)
 
 
-def run_split(args: argparse.Namespace, off_policy: int, out: Path) -> dict[str, float]:
+def run_split(args: argparse.Namespace, off_policy: int, out: Path, seed: int) -> dict[str, float]:
     """The same run as three processes started from one config, one torch thread each."""
     port = _free_port()
-    argv = rl_argv(args, f"split-{off_policy}", off_policy, out)
+    argv = rl_argv(args, f"split-{off_policy}-seed{seed}", off_policy, out, seed)
     argv += [f"--inference.base_url=http://127.0.0.1:{port}", f"--server.port={port}", "--split.poll_interval_s=0.02"]
     cfg = load_config(RunConfig, argv, env={})
-    config = out / f"split-{off_policy}.toml"
+    config = out / f"split-{off_policy}-seed{seed}.toml"
     config.write_text(dump_toml(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, "-m", "thermik.cli"]
-    logs = {name: (out / f"split-{off_policy}-{name}.log").open("wb") for name in ("inference", "trainer", "orch")}
+    logs = {
+        name: (out / f"split-{off_policy}-{seed}-{name}.log").open("wb") for name in ("inference", "trainer", "orch")
+    }
     server = subprocess.Popen([*command, "inference", "@", str(config)], env=env, stdout=logs["inference"], stderr=-2)
     try:
         _wait_healthy(f"http://127.0.0.1:{port}/health", server)
@@ -99,13 +109,35 @@ def _records(path: Path) -> list[dict]:
 
 
 def _summary(step_s: float, success: float, records: list[dict]) -> dict[str, float]:
-    stale = [r["off_policy/staleness_mean"] for r in records if "off_policy/staleness_mean" in r]
+    def mean(key: str) -> float:
+        values = [r[key] for r in records if key in r]
+        return statistics.mean(values) if values else 0.0
+
+    def most(key: str) -> float:
+        return max((r[key] for r in records if key in r), default=0.0)
+
+    dropped = sum(r.get("async/dropped_samples", 0.0) for r in records)
+    trained = most("progress/samples")
     return {
         "step_s": step_s,
         "success": success,
-        "reward": float(statistics.mean(r["reward/mean"] for r in records if "reward/mean" in r)),
-        "staleness": statistics.mean(stale) if stale else 0.0,
+        "reward": mean("reward/mean"),
+        "staleness": mean("off_policy/staleness_mean"),
+        "staleness_max": most("off_policy/staleness_max"),
+        "token_staleness": mean("off_policy/token_staleness_mean"),
+        "versions_per_sample": most("off_policy/versions_per_sample_max"),
+        "dropped": dropped / (dropped + trained) if dropped + trained else 0.0,
     }
+
+
+def over_seeds(runs: list[dict[str, float]]) -> dict[str, tuple[float, float]]:
+    """(mean, standard error) of every summary value over the seeds' runs (s.e. 0 for one run)."""
+    out = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs]
+        se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+        out[key] = (statistics.mean(values), se)
+    return out
 
 
 def _free_port() -> int:
@@ -134,25 +166,44 @@ def main() -> None:
     parser.add_argument("--off-policy", type=int, nargs="+", default=[1, 2], help="max_async_steps values")
     parser.add_argument("--eval-size", type=int, default=200)
     parser.add_argument("--split", type=int, nargs="*", default=[], help="max_async_steps of split-process rows")
+    parser.add_argument("--seeds", type=int, default=3, help="runs per mode (seeds 0, 1, ...)")
+    parser.add_argument(
+        "--inflight-kv", nargs="+", default=["keep"], choices=["keep", "recompute"],
+        help="inference.inflight_kv of the async rows (one row each)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="keep the runs here (default: a temporary directory)")
     args = parser.parse_args()
     if not (Path(args.model) / "config.json").exists():
         parser.error(f"--model {args.model} is not a model directory; run `bash examples/calculator/run.sh` first")
-    if args.steps < 3 or any(k < 1 for k in args.off_policy) or any(k < 0 for k in args.split):
-        parser.error("--steps must be >= 3, every --off-policy value >= 1 and every --split value >= 0")
+    if args.steps < 2 or args.seeds < 1 or any(k < 1 for k in args.off_policy) or any(k < 0 for k in args.split):
+        parser.error("--steps must be >= 2, --seeds >= 1, every --off-policy value >= 1 and every --split value >= 0")
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        names = {k: f"max_async_steps={k}" if k else "synchronous" for k in [0, *args.off_policy]}
-        results = {name: run(args, k, out) for k, name in names.items()}
-        results |= {f"split processes, k={k}": run_split(args, k, out) for k in args.split}
-    base = results["synchronous"]["step_s"]
-    print(f"calculator, {args.steps} steps of 12 x 8 samples, tool latency {args.latency} s per call")
-    print(f"{'mode':<26}{'s/step':>8}{'speed-up':>10}{'train reward':>14}{'held-out success':>18}{'staleness':>11}")
+        seeds = range(args.seeds)
+        modes = {"synchronous": lambda seed: run(args, 0, out, seed, "keep")}
+        for k, kv in itertools.product(args.off_policy, args.inflight_kv):
+            modes[f"k={k}, in-flight, kv {kv}"] = lambda seed, k=k, kv=kv: run(args, k, out, seed, kv)
+        for k in args.split:
+            modes[f"split processes, k={k}"] = lambda seed, k=k: run_split(args, k, out, seed)
+        results = {name: over_seeds([mode(seed) for seed in seeds]) for name, mode in modes.items()}
+    print_table(args, results)
+
+
+def print_table(args: argparse.Namespace, results: dict[str, dict[str, tuple[float, float]]]) -> None:
+    base = results["synchronous"]["step_s"][0]
+    print(
+        f"calculator, {args.steps} steps of 12 x 8 samples, tool latency {args.latency} s per call, "
+        f"{args.seeds} seed(s) per mode: mean ± s.e."
+    )
+    head = ("mode", "s/step", "speed-up", "held-out success", "stale mean/max", "token stale", "versions", "dropped")
+    print(f"{head[0]:<30}{head[1]:>14}{head[2]:>10}{head[3]:>19}{head[4]:>16}{head[5]:>13}{head[6]:>10}{head[7]:>9}")
     for mode, r in results.items():
+        (step, step_se), (success, success_se) = r["step_s"], r["success"]
         print(
-            f"{mode:<26}{r['step_s']:>8.2f}{base / r['step_s']:>9.2f}x{r['reward']:>14.3f}"
-            f"{r['success']:>18.3f}{r['staleness']:>11.2f}"
+            f"{mode:<30}{step:>7.2f} ± {step_se:<4.2f}{base / step:>9.2f}x{success:>11.3f} ± {success_se:<5.3f}"
+            f"{r['staleness'][0]:>10.2f}/{r['staleness_max'][0]:<5.0f}{r['token_staleness'][0]:>13.2f}"
+            f"{r['versions_per_sample'][0]:>10.0f}{r['dropped'][0]:>9.1%}"
         )
 
 

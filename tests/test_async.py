@@ -12,6 +12,7 @@ from tests.test_grpo_learns import lowercase_run_config
 from thermik.data.sampler import PromptSampler
 from thermik.envs.registry import register, unregister
 from thermik.rollout.group_producer import GroupProducer
+from thermik.rollout.staleness import token_staleness_metrics
 from thermik.rollout.trajectory import Trajectory
 from thermik.runs.local import run_rl
 
@@ -84,6 +85,68 @@ def test_overtaken_slow_group_is_dropped_or_cancelled_never_trained(stale: str) 
         assert sum(r["async/dropped_groups"] for r in seen) >= 1
     else:
         assert producer.cancelled_groups >= 1
+
+
+def test_staleness_counts_from_the_oldest_token_not_the_start() -> None:
+    """Group 0 starts under version 0 but samples its tokens only once the weights reached version 2 (queued, or
+    continued after in-flight updates): at step 2 with a bound of 1 it trains (its oldest token is version 2);
+    counting from when it started would have dropped it."""
+    weights = Weights()
+    fast = fake_rollout(weights, {}, random.Random(0))
+
+    async def rollout_group(row: dict, index: int) -> list[Trajectory]:
+        if index == 0:
+            while weights.version < 2:
+                await asyncio.sleep(0.001)
+        return await fast(row, index)
+
+    producer = GroupProducer(rollout_group, PromptSampler(ROWS, 0), 1, 1, lambda: weights.version)
+
+    async def main() -> list[tuple[list[int], list[int], dict]]:
+        producer.start()
+        seen = []
+        try:
+            for _ in range(4):
+                groups, metrics = await producer.next_batch()
+                seen.append(([g.index for g in groups], [g.start_version for g in groups], metrics))
+                weights.version += 1
+                await producer.weights_updated()
+        finally:
+            await producer.stop()
+        return seen
+
+    seen = asyncio.run(main())
+    trained = {
+        i: (start, step)
+        for step, (indices, starts, _) in enumerate(seen)
+        for i, start in zip(indices, starts, strict=True)
+    }
+    assert 0 in trained and trained[0][1] - trained[0][0] > 1  # trained more than one version after its start
+    assert all(m["async/dropped_groups"] == 0 and m["off_policy/staleness_max"] <= 1 for _, _, m in seen)
+
+
+def test_dropped_groups_count_their_samples_and_tokens() -> None:
+    weights = Weights()
+    producer = GroupProducer(
+        fake_rollout(weights, {0: 0.05}, random.Random(0)), PromptSampler(ROWS, 0), 2, 1, lambda: weights.version
+    )
+    seen = asyncio.run(train_steps(producer, weights, steps=10, train_s=0.04))
+    dropped = sum(r["async/dropped_groups"] for r in seen)
+    assert dropped >= 1
+    assert sum(r["async/dropped_samples"] for r in seen) == dropped  # one trajectory per group
+    assert sum(r["async/dropped_tokens"] for r in seen) == 4 * dropped  # 4 sampled tokens each
+    assert all(r["off_policy/token_staleness_max"] <= 1 for r in seen)
+
+
+def test_token_staleness_metrics_count_each_sampled_token() -> None:
+    """A sample spanning versions 0 and 1 (an update landed while it was generated) and one of version 1, trained
+    at step 2."""
+    metrics = token_staleness_metrics([[0, 0, 1], [1]], 2)
+    assert metrics == {
+        "off_policy/token_staleness_mean": 1.5,
+        "off_policy/token_staleness_max": 2.0,
+        "off_policy/versions_per_sample_max": 2.0,
+    }
 
 
 def test_rollout_failure_reaches_the_trainer() -> None:

@@ -94,6 +94,7 @@ def _embedded_engine(
         precision=cfg.precision,
         precision_asked_by=precision_asked_by,
         decode_graphs=cfg.decode_graphs,
+        inflight_kv=cfg.inflight_kv,
     )
 
 

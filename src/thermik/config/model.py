@@ -78,6 +78,12 @@ class InferenceConfig(Section):
         "auto", description="Embedded: 'auto' replays each decode step as a CUDA graph on a GPU (docs/gpu.md; the CPU "
         "keeps its own decode); 'off' runs the eager forward everywhere."
     )  # fmt: skip
+    inflight_kv: Literal["keep", "recompute"] = Field(
+        "keep", description="Embedded: a weight update lands between two decode steps and running requests go on "
+        "under the new weights; their KV cache is kept ('keep': keys/values of earlier tokens stay those of the old "
+        "weights, as PipelineRL; free) or recomputed ('recompute': one prefill of every running sequence, so every "
+        "later token is exactly the new policy's). docs/async.md."
+    )  # fmt: skip
     base_url: str = Field(
         "http://127.0.0.1:8000", description="Remote backend: server root (thermik inference, vLLM), without /v1."
     )

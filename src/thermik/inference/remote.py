@@ -68,12 +68,14 @@ def generation_from_choice(choice: dict[str, Any], fallback_version: int, top: i
         if top is not None:
             top_logprobs = [dict(sorted(d.items(), key=lambda kv: -kv[1])[:top]) for d in top_logprobs]
     version = int(choice.get("weight_version", fallback_version))
+    per_token = choice.get("weight_versions")  # thermik's server: one per token (in-flight weight updates)
+    versions = [int(v) for v in per_token] if per_token and len(per_token) == len(ids) else [version] * len(ids)
     return Generation(
         token_ids=[int(t) for t in ids],
         logprobs=logprobs,
         stop_reason=_FINISH.get(choice.get("finish_reason"), "stop"),
         weight_version=version,
-        weight_versions=[version] * len(ids),
+        weight_versions=versions,
         top_logprobs=top_logprobs,
     )
 

@@ -6,9 +6,13 @@ takes a batch (the weight sync follows every update). Staleness is bounded the w
 g // prompts_per_step - max_staleness versions, so at most (max_staleness + 1) batches are ever
 in flight or buffered. The bound is also checked when a batch is taken: a group whose oldest token came from
 version v with V - v > max_staleness (slow episodes overtaken by later ones) is dropped and counted,
-never trained. With
-`stale = "cancel"`, in-flight groups that can no longer meet the bound are cancelled as soon as the weights
-advance instead of being finished and dropped.
+never trained (counted: `async/dropped_groups|samples|tokens`).
+
+Partial rollouts: a weight update does not stop a running group. Its episodes go on under the new weights (the
+engine takes them between decode steps, docs/async.md), each token carrying the version that sampled it, so a
+group's staleness is that of its oldest token, not of the version it started under. With `stale = "cancel"`,
+in-flight groups whose start version (a lower bound of their oldest token's) can no longer meet the bound are
+cancelled as soon as the weights advance instead of being finished and dropped.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from thermik.data.sampler import PromptSampler
-from thermik.rollout.staleness import staleness_metrics, within_staleness
+from thermik.rollout.staleness import staleness_metrics, token_staleness_metrics, within_staleness
 from thermik.rollout.trajectory import Trajectory
 
 GroupRollout = Callable[[dict[str, Any], int], Awaitable[list[Trajectory]]]
@@ -32,6 +36,11 @@ class Group:
     index: int
     start_version: int
     trajectories: list[Trajectory]
+
+    @property
+    def sampled_versions(self) -> list[list[int]]:
+        """Per trajectory, the weight version of each sampled token (observation tokens left out)."""
+        return [[v for v in t.all_weight_versions if v >= 0] for t in self.trajectories]
 
     @property
     def oldest_version(self) -> int:
@@ -66,6 +75,8 @@ class GroupProducer:
         self._error: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
         self.dropped_groups = 0
+        self.dropped_samples = 0
+        self.dropped_tokens = 0  # sampled tokens the staleness rule threw away
         self.cancelled_groups = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -127,11 +138,17 @@ class GroupProducer:
 
     # ------------------------------------------------------------------ consuming
 
+    def _drop(self, group: Group) -> None:
+        """The staleness rule throws `group` away: counted in groups, samples and sampled tokens."""
+        self.dropped_groups += 1
+        self.dropped_samples += len(group.trajectories)
+        self.dropped_tokens += sum(len(vs) for vs in group.sampled_versions)
+
     async def next_batch(self) -> tuple[list[Group], dict[str, float]]:
         """The next prompts_per_step groups admissible for the current weights (blocks until they exist)."""
         t0 = time.perf_counter()
         groups: list[Group] = []
-        dropped_before = self.dropped_groups
+        before = (self.dropped_groups, self.dropped_samples, self.dropped_tokens)
         fill = len(self._ready) / self.prompts_per_step
         while len(groups) < self.prompts_per_step:
             async with self._cond:
@@ -140,12 +157,16 @@ class GroupProducer:
                     raise RuntimeError(f"a rollout group failed: {self._error!r}") from self._error
                 group = self._ready.pop(0)
             if not within_staleness(group.oldest_version, self.version(), self.max_staleness):
-                self.dropped_groups += 1
+                self._drop(group)
                 continue
             groups.append(group)
+        before_groups, before_samples, before_tokens = before
         return groups, {
             **staleness_metrics([self.version() - g.oldest_version for g in groups]),
-            "async/dropped_groups": float(self.dropped_groups - dropped_before),
+            **token_staleness_metrics([vs for g in groups for vs in g.sampled_versions], self.version()),
+            "async/dropped_groups": float(self.dropped_groups - before_groups),
+            "async/dropped_samples": float(self.dropped_samples - before_samples),
+            "async/dropped_tokens": float(self.dropped_tokens - before_tokens),
             "async/cancelled_groups_total": float(self.cancelled_groups),
             "async/buffer_fill": fill,
             "async/in_flight_groups": float(len(self._inflight)),

@@ -33,3 +33,15 @@ def staleness_metrics(staleness: Sequence[int]) -> dict[str, float]:
         "off_policy/staleness_mean": sum(staleness) / len(staleness),
         "off_policy/staleness_max": float(max(staleness)),
     }
+
+
+def token_staleness_metrics(samples: Sequence[Sequence[int]], train_step: int) -> dict[str, float]:
+    """Per sampled token of one training batch (`samples`: each sample's token versions): `off_policy/
+    token_staleness_mean|max` (train_step - v), and `off_policy/versions_per_sample_max`, the most weight versions
+    one sample spans (above 1: a weight update landed while it was generated, and it went on under the new one)."""
+    tokens = [train_step - v for versions in samples for v in versions]
+    return {
+        "off_policy/token_staleness_mean": sum(tokens) / len(tokens) if tokens else 0.0,
+        "off_policy/token_staleness_max": float(max(tokens, default=0)),
+        "off_policy/versions_per_sample_max": float(max((len(set(vs)) for vs in samples), default=0)),
+    }

@@ -13,7 +13,15 @@ from thermik.inference.embedded.engine import EmbeddedEngine
 from thermik.inference.hf_engine import HFEngine
 from thermik.models.architecture import unsupported_reason
 
-_NATIVE_ONLY = ("detokenize", "gather_window_s", "reuse_prefixes", "num_threads", "kv_cache_gb", "decode_graphs")
+_NATIVE_ONLY = (
+    "detokenize",
+    "gather_window_s",
+    "reuse_prefixes",
+    "num_threads",
+    "kv_cache_gb",
+    "decode_graphs",
+    "inflight_kv",
+)
 
 
 def embedded_engine(

@@ -38,6 +38,7 @@ from thermik.inference.kv_cache import default_budget_bytes
 from thermik.inference.native_model import NativeCausalLM
 from thermik.inference.weights import check_state, copy_state, load_state
 
+INFLIGHT_KV = ("keep", "recompute")
 Item = tuple[Sequence[int], SamplingParams, str | None]  # (prompt ids, sampling, session id) of one request
 
 
@@ -59,15 +60,20 @@ class EmbeddedEngine:
         kv_cache_gb: float | None = None,
         weight_formats: tuple[str, ...] = ("blas",),
         decode_graphs: str = "auto",
+        inflight_kv: str = "keep",
     ) -> None:
         """`kv_cache_gb`: the KV cache's budget in GiB (2^30 bytes); None takes a quarter of the available RAM (on
         CUDA, of the free GPU memory; `kv_cache.default_budget_bytes` says why), `math.inf` sets no budget.
         `weight_formats`: the projections' weight formats to choose from (`NativeCausalLM`; cpu/engine_precision.py's
         `projection_formats` for a precision name). `decode_graphs`: "auto" replays the decode step as CUDA graphs on a
         GPU and keeps the native forward on a CPU; "capture", "eager" (the same fixed-shape step, not captured) or
-        "off" (the native forward) force one (decode_graphs.py)."""
+        "off" (the native forward) force one (decode_graphs.py). `inflight_kv`: what a weight update does to the KV
+        cache of the requests running through it: "keep" their keys and values (computed by the old weights, as
+        PipelineRL does; free) or "recompute" them under the new weights (one prefill of every running sequence)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if inflight_kv not in INFLIGHT_KV:
+            raise ValueError(f"inflight_kv must be one of {INFLIGHT_KV}, got {inflight_kv!r}")
         if kv_cache_gb is not None and not kv_cache_gb > 0:
             raise ValueError(f"kv_cache_gb must be > 0, got {kv_cache_gb}")
         self.model = model.eval()
@@ -77,6 +83,7 @@ class EmbeddedEngine:
         self.max_batch_size = max_batch_size
         self.detokenize = detokenize
         self.num_threads = num_threads
+        self.inflight_kv = inflight_kv
         self.device = next(model.parameters()).device
         self._vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self.graphs = make_decode_graphs(self.native, decode_graphs, self.device)
@@ -157,7 +164,9 @@ class EmbeddedEngine:
         self.queue.end_session(session_id)
 
     async def update_weights(self, source: WeightSource, version: int | None = None) -> int:
-        """Copy new weights in place between two decode steps. Returns the new version (`version` when given)."""
+        """Copy new weights in place between two decode steps; running requests go on under them (each token records
+        the version that sampled it), their KV cache kept or recomputed (`inflight_kv`). Returns the new version
+        (`version` when given)."""
         return await to_thread_releasing(self.update_weights_sync, source, version)
 
     def update_weights_sync(self, source: WeightSource, version: int | None = None) -> int:
@@ -167,6 +176,9 @@ class EmbeddedEngine:
             copy_state(params, state)
             self.native.refresh()
             self.scheduler.forget_idle()  # cached prefixes of finished requests were computed by the old weights
+            if self.inflight_kv == "recompute":
+                with torch.inference_mode():
+                    self.prefill.recompute()
             self.records.version = next_version(self.records.version, version)
             return self.records.version
 

@@ -81,6 +81,19 @@ class PrefillPlanner:
         order = sorted(rows)
         self.records.record([scheduler.slots[i] for i in order], torch.stack([rows[i] for i in order]))
 
+    def recompute(self) -> None:
+        """Forward again every running request's cached tokens (prompt and sampled so far) from position 0, so
+        their keys and values come from the current weights (in-flight weight updates, `inflight_kv="recompute"`).
+        The logits are not used: each request's next token was sampled already."""
+        slots = self.scheduler.slots
+        rows = [(i, 0, slots[i].tokens) for i in self.scheduler.running() if slots[i].tokens]
+        if not rows:
+            return
+        for i, _, _ in rows:
+            slots[i].tokens = []
+        for group in self.groups(rows):
+            self.forward(group)
+
     def _reuse(self, index: int, prompt: list[int], taken: set[int]) -> int:
         """The positions of `prompt` slot `index` holds once it reuses what it can: its own cached prefix, or a
         longer one copied from another slot (a donor)."""

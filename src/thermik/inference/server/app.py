@@ -235,7 +235,7 @@ class OpenAIServer:
         def choice(c: outputs.Choice) -> dict[str, Any]:
             out = {"index": c.index, "text": c.text, "logprobs": logprobs(c), "finish_reason": c.finish_reason}
             if body.return_token_ids:
-                out |= {"prompt_token_ids": c.prompt_ids, "token_ids": c.token_ids, "weight_version": c.weight_version}
+                out |= {"prompt_token_ids": c.prompt_ids, "token_ids": c.token_ids, **outputs.versions(c)}
             if scored is not None:
                 out["prompt_logprobs"] = scored[c.index // body.n]
             return out
@@ -285,7 +285,7 @@ class OpenAIServer:
             msg, reason = message(c)
             out = {"index": c.index, "message": msg, "logprobs": logprobs(c), "finish_reason": reason}
             if body.return_token_ids:
-                out |= {"token_ids": c.token_ids, "weight_version": c.weight_version}
+                out |= {"token_ids": c.token_ids, **outputs.versions(c)}
             return out
 
         response = {**head, "choices": [choice(c) for c in choices], "usage": use}

@@ -28,6 +28,13 @@ class Choice:
     """Per kept token, the weight version that sampled it (None in a stream's snapshot)."""
 
 
+def versions(choice: Choice) -> dict[str, Any]:
+    """The weight version fields of a choice with token ids: `weight_version` (the last token's) and, thermik's
+    addition, `weight_versions`, one per token (a request running through an in-flight weight update spans two)."""
+    per_token = choice.weight_versions or [choice.weight_version] * len(choice.token_ids)
+    return {"weight_version": choice.weight_version, "weight_versions": list(per_token)}
+
+
 class Detokenizer:
     """Text of token ids as the API returns it: special tokens kept (tool-call tags are special), stop token cut."""
 

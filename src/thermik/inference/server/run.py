@@ -23,6 +23,7 @@ def load_engine(
     kv_cache_gb: float | None = None,
     num_threads: int = 0,
     precision: str = "model",
+    inflight_kv: str = "keep",
 ) -> tuple[Any, Any]:
     """(embedded engine, HF tokenizer) for the model in `model_path`, stopping at the tokenizer's eos and pad,
     sampling in `precision` (cpu/engine_precision.py's rule; `thermik inference` passes inference.precision, as every
@@ -47,6 +48,7 @@ def load_engine(
         kv_cache_gb=kv_cache_gb,
         num_threads=num_threads,
         precision=precision,
+        inflight_kv=inflight_kv,
     )
     return engine, tokenizer
 
@@ -85,6 +87,7 @@ def serve_engine(cfg: ServeConfig) -> tuple[Any, Any]:
         inference.kv_cache_gb,
         num_threads=inference.num_threads,
         precision=inference.precision,
+        inflight_kv=inference.inflight_kv,
     )
 
 
