@@ -53,7 +53,7 @@ def test_command_gets_the_client_and_task_and_its_last_json_line_is_the_result(t
         print(json.dumps({"reward": 0.5}))
         task = json.loads(os.environ["THERMIK_TASK"])
         print(json.dumps({"seen": [os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"],
-                                   os.environ["OPENAI_MODEL"], os.environ["THERMIK_REWARD_URL"],
+                                   os.environ["OPENAI_MODEL"], os.environ["EPISODE_REWARD_URL"],
                                    task["reward_spec"]["ground_truth"]]}))
         print("done")
     """,

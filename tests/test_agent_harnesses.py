@@ -249,6 +249,33 @@ def test_a_harness_rewarded_by_its_answer_through_the_envs_scorer(spied_engine, 
     assert traj.env_metrics["harness/tool_calls"] == 2.0 and leaked == set()
 
 
+POSTING = """
+    import json, os, sys
+    import httpx
+    from openai import OpenAI
+    client = OpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"])
+    client.chat.completions.create(model=os.environ["OPENAI_MODEL"], messages=[{"role": "user", "content": "hi"}],
+                                   max_tokens=4)
+    httpx.post(os.environ["EPISODE_REWARD_URL"], json={"reward": 0.25, "metrics": {"harness/posted": 1.0}},
+               timeout=30).raise_for_status()
+"""
+
+
+@pytest.mark.parametrize(("returned", "reward"), [("", 0.25), ('print(json.dumps({"reward": 1.0}))', 1.0)])
+def test_a_reward_posted_by_the_harness_is_the_episodes_when_it_returns_none(
+    spied_engine, tmp_path: Path, returned: str, reward: float
+) -> None:
+    """A real openai-SDK harness POSTs 0.25 to EPISODE_REWARD_URL: that is the episode's reward on its last sampled
+    token, unless the harness also returns one (which wins, the posted one not added)."""
+    path = tmp_path / "posting.py"
+    path.write_text(textwrap.dedent(POSTING) + returned + "\n")
+    traj = _play(spied_engine, AgentConfig(command=f"{sys.executable} {path}", timeout_s=120))
+    assert "agent/failed" not in traj.env_metrics, traj.env_metrics
+    assert traj.reward == pytest.approx(reward) and traj.env_metrics["harness/posted"] == 1.0
+    last = traj.samples[-1]
+    assert last.rewards[last.turn_spans[-1][1] - 1] == pytest.approx(reward)
+
+
 def test_failed_episodes_are_counted_by_the_rl_verdict_and_the_eval_categories(spied_engine, tmp_path: Path) -> None:
     from thermik.config.schema import FailuresConfig
     from thermik.errors import ThermikError

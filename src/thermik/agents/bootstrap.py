@@ -25,7 +25,7 @@ def main(target: str) -> None:
         "base_url": os.environ["OPENAI_BASE_URL"],
         "api_key": os.environ["OPENAI_API_KEY"],
         "model": os.environ["OPENAI_MODEL"],
-        "reward_url": os.environ.get("THERMIK_REWARD_URL", ""),
+        "reward_url": os.environ.get("EPISODE_REWARD_URL", ""),
     }
     result = function(task, client)
     if inspect.iscoroutine(result):

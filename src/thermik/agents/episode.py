@@ -59,7 +59,10 @@ async def play_episode(
     capture = await capture_for(engine, chat, env.cfg.model_name, limits.max_sequence_length)
     handle = capture.open(episode_limits(env, limits, sampling, seed), group_id=group_id)
     try:
-        outcome = await run_harness(env.cfg, row, Client(handle.base_url, handle.api_key, handle.model))
+        outcome = await run_harness(
+            env.cfg, row, Client(handle.base_url, handle.api_key, handle.model, handle.reward_url)
+        )
+        outcome.posted_reward, outcome.posted_metrics = capture.take_reward(handle.id)
     finally:
         traj = capture.close(handle.id)
     if not traj.prompt_ids:  # the harness never called the model

@@ -22,22 +22,26 @@ async def finish(env: HarnessEnv, row: dict[str, Any], traj: Trajectory, outcome
     failure, detail = outcome.failure, outcome.detail
     if failure == "crash" and traj.stop_reason in ("max_turns", "length"):
         failure = "over_budget"  # the endpoint refused a call past agent.max_turns / max_tokens and ended it
-    score = Score() if failure else await episode_score(env, row, traj, outcome.result)
+    score = Score() if failure else await episode_score(env, row, traj, outcome)
     if not failure and score.reward is None:
-        failure, detail = "no_reward", "the harness returned no reward nor an answer, and agent.reward_fn is unset"
-    traj.env_metrics |= score.metrics
+        failure, detail = "no_reward", "the harness returned no reward nor an answer, posted none to its reward URL, "
+        detail += "and agent.reward_fn is unset"
+    traj.env_metrics |= outcome.posted_metrics | score.metrics
     if failure:
         fail(traj, failure, detail)
     else:
         place_reward(traj, float(score.reward or 0.0))
 
 
-async def episode_score(env: HarnessEnv, row: dict[str, Any], traj: Trajectory, result: Any) -> Score:
-    """agent.reward_fn when set, else the harness's reward, else the env's scorer on its answer."""
+async def episode_score(env: HarnessEnv, row: dict[str, Any], traj: Trajectory, outcome: HarnessOutcome) -> Score:
+    """agent.reward_fn when set, else the reward the harness returned, else the one it POSTed to its reward URL, else
+    the env's scorer on its answer."""
     if env.cfg.reward_fn:
         fn = load_function(env.cfg.reward_fn, "agent.reward_fn", env.cfg.cwd)
-        return await call_reward_fn(fn, row, result, traj.messages)
-    score = read_result(result)
+        return await call_reward_fn(fn, row, outcome.result, traj.messages)
+    score = read_result(outcome.result)
+    if score.reward is None:
+        score.reward = outcome.posted_reward
     if score.reward is None and score.answer is not None:
         score.reward = await score_answer(env.inner, row["prompt"], score.answer)
     return score

@@ -18,7 +18,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ class Client:
 
     def environment(self) -> dict[str, str]:
         return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "OPENAI_MODEL": self.model,
-                "THERMIK_REWARD_URL": self.reward_url}  # fmt: skip
+                "EPISODE_REWARD_URL": self.reward_url}  # fmt: skip
 
 
 @dataclass
@@ -50,6 +50,8 @@ class HarnessOutcome:
     failure: str = ""  # "" when the run succeeded; else crash | timeout | left_processes
     detail: str = ""
     elapsed: float = 0.0
+    posted_reward: float | None = None  # POSTed by the harness to its episode's reward URL
+    posted_metrics: dict[str, float] = field(default_factory=dict)
 
 
 def harness_argv(cfg: AgentConfig) -> list[str]:

@@ -86,6 +86,14 @@ class Capture:
             end(episode.id)
         return episode.trajectory()
 
+    def take_reward(self, episode_id: str) -> tuple[float | None, dict[str, float]]:
+        """The reward and metrics posted to the open episode's reward URL (None: none posted), taken off it: `close`
+        then places nothing, for a caller that weighs the posted reward against others (agents/outcome.py)."""
+        episode = self._episodes[episode_id]
+        taken = episode.reward, episode.reward_metrics
+        episode.reward, episode.reward_metrics = None, {}
+        return taken
+
     # ------------------------------------------------------------------ for the routes
 
     def episode(self, episode_id: str, finished_too: bool = False) -> Episode:

@@ -25,7 +25,7 @@ class AgentConfig(Section):
     )  # fmt: skip
     command: str = Field(
         "", description="A shell command run once per episode (any venv), with OPENAI_BASE_URL, OPENAI_API_KEY, "
-        "OPENAI_MODEL, THERMIK_TASK (the row as JSON), THERMIK_REWARD_URL and THERMIK_RESULT_FILE in its environment; "
+        "OPENAI_MODEL, THERMIK_TASK (the row as JSON), EPISODE_REWARD_URL and THERMIK_RESULT_FILE in its environment; "
         "its result is stdout's last JSON line, or THERMIK_RESULT_FILE's content when it wrote one."
     )  # fmt: skip
     python: str = Field(
