@@ -15,11 +15,11 @@ import pytest
 from env_sources import eval_then_rl
 from serving import embedded_engine, running
 
+from thermik.agents.verifiers_episode import _from_trace
 from thermik.config.schema import EnvConfig, VerifiersConfig
 from thermik.envs.verifiers_env import bridge_for, default_venv
-from thermik.inference.base import Generation
 from thermik.rollout.step_wise import PrefixBreakError
-from thermik.rollout.verifiers_episodes import Endpoint, trajectory
+from thermik.rollout.trajectory import Trajectory
 from thermik.tasks.registry import generate_rows, make_env
 
 TESTS = Path(__file__).resolve().parent
@@ -35,14 +35,13 @@ def served(tiny_model_dir: Path):
     from thermik.inference.server.app import build_app
 
     engine, tokenizer = embedded_engine(tiny_model_dir)
-    seen: list[tuple[list[int], Generation]] = []
-    app = build_app(engine, tokenizer, "tiny", on_generate=lambda p, g: seen.append((p, g)))
+    app = build_app(engine, tokenizer, "tiny")
     with running(app, on_exit=engine.close) as url:
-        yield url, seen, len(tokenizer)
+        yield url, len(tokenizer)
 
 
 def test_generate_answers_in_vllms_wire_format(served) -> None:
-    url, seen, _ = served
+    url, _ = served
     body = {"model": "tiny", "token_ids": [5, 6, 7], "sampling_params": {"max_tokens": 6, "logprobs": 1,
             "temperature": 1.0, "stop_token_ids": [3], "skip_special_tokens": False, "seed": 4}}  # fmt: skip
     reply = httpx.post(f"{url}/inference/v1/generate", json=body, headers={"X-Session-ID": "ep-1"}, timeout=60)
@@ -53,8 +52,6 @@ def test_generate_answers_in_vllms_wire_format(served) -> None:
     assert [e["token"] for e in choice["logprobs"]["content"]] == [f"token_id:{t}" for t in choice["token_ids"]]
     assert all(e["logprob"] <= 0 for e in choice["logprobs"]["content"])
     assert choice["finish_reason"] in ("stop", "length") and choice["weight_versions"] == [0] * len(choice["token_ids"])
-    prompt, gen = seen[-1]
-    assert prompt == [5, 6, 7] and list(gen.token_ids) == choice["token_ids"]
     again = httpx.post(f"{url}/inference/v1/generate", json=body, timeout=60).json()
     assert again["choices"][0]["token_ids"] == choice["token_ids"]  # seeded
 
@@ -71,79 +68,37 @@ def test_generate_answers_in_vllms_wire_format(served) -> None:
     ],
 )
 def test_generate_refuses_bad_requests_with_a_4xx_naming_the_field(served, change: dict, param: str) -> None:
-    url, _, _ = served
+    url, _ = served
     body = {"model": "tiny", "token_ids": [5, 6], "sampling_params": {"max_tokens": 2}, **change}
     reply = httpx.post(f"{url}/inference/v1/generate", json=body, timeout=60)
     assert 400 <= reply.status_code < 500, reply.text
     assert reply.json()["error"]["param"] == param
 
 
-def _trace(ids: list[int], mask: list[bool], reward: float = 0.5) -> dict:
-    logprobs = [-0.5 if m else 0.0 for m in mask]
-    branch = {"token_ids": ids, "sampled_mask": mask, "logprobs": logprobs}
-    return {"reward": reward, "num_turns": 2, "stop_condition": "agent_completed", "errors": [], "messages": [],
-            "branches": [branch]}  # fmt: skip
+def _sample(prompt: list[int], sampled: list[int]) -> Trajectory:
+    n = len(sampled)
+    return Trajectory(prompt, sampled, loss_mask=[1] * n, rollout_logprobs=[-0.1] * n, weight_versions=[0] * n,
+                      rewards=[0.0] * n, turn_spans=[(0, n, n)])  # fmt: skip
 
 
-def test_a_trace_becomes_a_trajectory_with_the_engines_logprobs_and_versions() -> None:
-    endpoint = Endpoint("", None)
-    # two turns: prompt [1, 2], sampled [3, 4], observation [5], sampled [6]
-    endpoint.record([1, 2], Generation([3, 4], [-0.1, -0.2], "stop", 7, [7, 7]))
-    endpoint.record([1, 2, 3, 4, 5], Generation([6], [-0.3], "stop", 8, [8]))
-    traj = trajectory(_trace([1, 2, 3, 4, 5, 6], [False, False, True, True, False, True]), endpoint, 8, group_id=3)
-    assert traj.prompt_ids == [1, 2] and traj.response_ids == [3, 4, 5, 6]
-    assert traj.loss_mask == [1, 1, 0, 1] and traj.rollout_logprobs == [-0.1, -0.2, 0.0, -0.3]
-    assert traj.weight_versions == [7, 7, -1, 8] and traj.rewards == [0.0, 0.0, 0.0, 0.5]
-    assert traj.turn_spans == [(0, 2, 3), (3, 4, 4)] and traj.num_turns == 2 and traj.group_id == 3
-    assert not endpoint.sampled  # consumed
+STOPS = [("agent_completed", [], "stop"), ("max_turns", [], "max_turns"), ("max_output_tokens", [], "length"),
+         (None, ["boom"], "abort")]  # fmt: skip
 
 
-def test_a_trace_whose_tokens_the_engine_never_saw_trains_on_nothing() -> None:
-    endpoint = Endpoint("", None)
-    endpoint.record([1, 2], Generation([3, 4], [-0.1, -0.2], "stop", 7, [7, 7]))
-    # the second prompt re-rendered the first reply differently: [1, 2, 9, 4, 5] was never sent
-    traj = trajectory(_trace([1, 2, 9, 4, 5, 6], [False, False, True, True, False, True]), endpoint, 8, group_id=0)
-    assert traj.env_metrics["prefix_mismatch"] == 1.0 and traj.loss_mask == [0, 0, 0, 0]
-    assert traj.rewards[-1] == 0.5  # the reward is still the episode's
-
-
-def _branch(ids: list[int], mask: list[bool]) -> dict:
-    return {"token_ids": ids, "sampled_mask": mask, "logprobs": [-0.5 if m else 0.0 for m in mask]}
-
-
-def test_every_trainable_branch_becomes_a_sample_and_each_sampled_token_trains_once() -> None:
-    endpoint = Endpoint("", None)
-    endpoint.record([1, 2], Generation([3, 4], [-0.1, -0.2], "stop", 7, [7, 7]))
-    endpoint.record([1, 2, 3, 4, 5], Generation([6], [-0.3], "stop", 7, [7]))
-    endpoint.record([1, 2, 3, 4, 7, 8], Generation([9], [-0.4], "stop", 8, [8]))
-    endpoint.record([10, 11], Generation([12], [-0.5], "stop", 8, [8]))
-    endpoint.record([1, 2], Generation([3, 13], [-0.1, -0.6], "stop", 8, [8, 8]))
-    F, T = False, True
-    trace = {**_trace([], []), "reward": 0.75, "branches": [
-        _branch([1, 2, 3, 4, 5, 6], [F, F, T, T, F, T]),  # the first context: two turns
-        _branch([1, 2, 3, 4, 7, 8, 9], [F, F, T, T, F, F, T]),  # rewritten after the first reply
-        _branch([10, 11, 12], [F, F, T]),  # a fresh context (a compaction's summary)
-        _branch([1, 2, 3, 13], [F, F, T, T]),  # another reply to the first prompt
-    ]}  # fmt: skip
-    head = trajectory(trace, endpoint, 8, group_id=2)
-    samples = head.samples
-    assert [(s.prompt_ids, s.response_ids) for s in samples] == [
-        ([1, 2], [3, 4, 5, 6]), ([1, 2, 3, 4, 7, 8], [9]), ([10, 11], [12]), ([1, 2], [3, 13])
-    ]  # fmt: skip
-    assert [s.loss_mask for s in samples] == [[1, 1, 0, 1], [1], [1], [1, 1]]
-    assert samples[1].rollout_logprobs == [-0.4] and samples[3].weight_versions == [8, 8]
-    assert [s.rewards for s in samples] == [[0.0] * 4, [0.0], [0.0], [0.0, 0.75]] and head.reward == 0.75
-    assert head.env_metrics == {"verifiers_branches": 4.0} and head.num_turns == 5
-    assert all(s.group_id == 2 for s in samples) and not endpoint.sampled
-
-
-def test_a_branch_the_engine_never_saw_trains_on_nothing_and_the_others_still_train() -> None:
-    endpoint = Endpoint("", None)
-    endpoint.record([1, 2], Generation([3], [-0.1], "stop", 7, [7]))
-    trace = {**_trace([], []), "branches": [_branch([1, 2, 3], [False, False, True]),
-                                            _branch([5, 6, 7], [False, False, True])]}  # fmt: skip
-    head = trajectory(trace, endpoint, 8, group_id=0)
-    assert head.env_metrics["prefix_mismatch"] == 1.0 and [s.loss_mask for s in head.samples] == [[1], [0]]
+@pytest.mark.parametrize(("condition", "errors", "stop"), STOPS)
+def test_the_trace_gives_the_captured_samples_their_reward_stop_reason_and_messages(
+    condition: str | None, errors: list[str], stop: str
+) -> None:
+    """What the capture recorded stays; the trace adds its reward (on the last sampled token of the last sample)."""
+    captured = _sample([1, 2], [3, 4])
+    captured.continuations = [_sample([9, 8], [7]), _sample([5], [])]
+    captured.continuations[1].turn_spans = []  # a sample that sampled nothing gets no reward
+    messages = [{"role": "user", "content": "x"}]
+    trace = {"reward": 0.75, "stop_condition": condition, "errors": errors, "messages": messages, "branches": [{}, {}]}
+    traj = _from_trace(trace, captured)
+    assert [s.rewards for s in traj.samples] == [[0.0, 0.0], [0.75], []] and traj.reward == 0.75
+    assert traj.stop_reason == stop and traj.messages == trace["messages"]
+    assert traj.env_metrics["verifiers_branches"] == 2.0 and ("env_error" in traj.env_metrics) == bool(errors)
 
 
 def test_a_missing_venv_says_how_to_build_it(tmp_path: Path) -> None:
@@ -176,10 +131,10 @@ def test_rows_come_from_the_taskset_and_the_splits_never_share_a_task(taskset_pa
 @needs_venv
 @pytest.mark.slow
 def test_a_bridge_gone_mid_episode_fails_the_episode_not_the_run(taskset_path: None, tiny_model_dir: Path) -> None:
+    from thermik.agents.verifiers_episode import play
     from thermik.assembly.components import load_policy
     from thermik.config.schema import ModelConfig, RolloutConfig, SamplingConfig
     from thermik.rollout.agent_loop import LoopLimits
-    from thermik.rollout.verifiers_episodes import play
 
     row = generate_rows(ECHO, 1, 0, "train")[0]
     env = make_env(ECHO, reward_spec={}, extra_info=row["extra_info"], options=EnvConfig(name=ECHO))
@@ -203,10 +158,10 @@ def test_a_bridge_gone_mid_episode_fails_the_episode_not_the_run(taskset_path: N
 
 def _play_one(tiny_model_dir: Path, options: EnvConfig, step_wise: str = "on-break"):
     """One episode of the echo taskset's first train row, played by verifiers against an embedded engine."""
+    from thermik.agents.verifiers_episode import play
     from thermik.assembly.components import load_policy
     from thermik.config.schema import ModelConfig, RolloutConfig, SamplingConfig
     from thermik.rollout.agent_loop import LoopLimits
-    from thermik.rollout.verifiers_episodes import play
 
     row = generate_rows(ECHO, 1, 0, "train", options=options)[0]
     env = make_env(ECHO, reward_spec={}, extra_info=row["extra_info"], options=options)

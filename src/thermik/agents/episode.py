@@ -38,10 +38,15 @@ async def capture_for(engine: InferenceEngine, chat: ChatTokenizer, model_name: 
     return (await asyncio.shield(_CAPTURES[key]))[0]
 
 
+def run_sampling(sampling: SamplingConfig, seed: int | None) -> dict[str, Any]:
+    """The request fields a capture episode fixes to the run's sampling, whatever the harness sends."""
+    return {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+            "min_p": sampling.min_p, **({} if seed is None else {"seed": seed})}  # fmt: skip
+
+
 def episode_limits(env: HarnessEnv, limits: LoopLimits, sampling: SamplingConfig, seed: int | None) -> EpisodeLimits:
     """The capture's budgets: agent.max_turns (else env.max_turns) and agent.max_tokens; the run's sampling."""
-    fixed = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-             "min_p": sampling.min_p, **({} if seed is None else {"seed": seed})}  # fmt: skip
+    fixed = run_sampling(sampling, seed)
     return EpisodeLimits(env.cfg.max_turns or limits.max_turns, env.cfg.max_tokens or None, limits.step_wise, fixed)
 
 

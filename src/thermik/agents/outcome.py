@@ -49,11 +49,8 @@ async def episode_score(env: HarnessEnv, row: dict[str, Any], traj: Trajectory, 
 
 def place_reward(traj: Trajectory, reward: float) -> None:
     """The episode's reward on the last sampled token of its last sample that sampled anything."""
-    last = next((s for s in reversed(traj.samples) if s.turn_spans), None)
-    if last is None:  # nothing sampled here (an API model's episode): the reward stands alone, as ApiPolicy's do
-        traj.rewards.append(reward)
-    else:
-        last.rewards[last.turn_spans[-1][1] - 1] += reward
+    if not traj.add_final_reward(reward):  # nothing sampled here (an API model's episode): it stands alone, as
+        traj.rewards.append(reward)  # ApiPolicy's do
 
 
 def fail(traj: Trajectory, reason: str, detail: str) -> None:

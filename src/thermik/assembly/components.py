@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from thermik.agents.verifiers_episode import playable
 from thermik.config.schema import DataConfig, EnvConfig, InferenceConfig, LoRAConfig, ModelConfig
 from thermik.data.disk import load_rows_from
 from thermik.envs.base import Env
@@ -159,7 +160,7 @@ def env_factory(cfg: EnvConfig, pool: MCPPool) -> EnvFactory:
         env = make_env(name, reward_spec=reward_spec, extra_info=extra_info, options=cfg, pool=pool)
         if not cfg.render_tools:
             env.tools = None  # the system prompt names the tool; its schema stays out of the context
-        return env
+        return playable(env)  # verifiers plays its own episodes against a capture endpoint
 
     return build
 

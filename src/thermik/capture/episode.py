@@ -171,9 +171,8 @@ class Episode:
         head.env_metrics["capture_forks"] = float(len(head.continuations))
         head.env_metrics["capture_retries"] = float(self.retries)
         head.env_metrics.update(self.reward_metrics)
-        last = next((s for s in reversed(head.samples) if s.turn_spans), None)
-        if self.reward is not None and last is not None:
-            last.rewards[last.turn_spans[-1][1] - 1] += self.reward
+        if self.reward is not None:
+            head.add_final_reward(self.reward)
         return head
 
     # ------------------------------------------------------------------ internals

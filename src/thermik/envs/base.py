@@ -36,7 +36,7 @@ class Env:
     """True: the constructor also takes `pool` (the run's MCPPool, owned and closed by the run) for its tool calls."""
     plays_episode: ClassVar[bool] = False
     """True: another framework plays the whole episode, calling the engine back through the token-in endpoint
-    (`verifiers:<taskset>`, thermik.rollout.verifiers_episodes); the agent loop calls neither init nor step."""
+    (`verifiers:<taskset>`, thermik.agents.verifiers_episode); the agent loop calls neither init nor step."""
 
     tools: list[dict[str, Any]] | None = None
     """OpenAI-style function schemas rendered into the prompt by the chat template, or None."""

@@ -4,8 +4,8 @@ verifiers 0.4 cannot share thermik's venv (it pins mcp==2.0.0 and openai<3). Thi
 `verifiers_bridge.py` under that venv's python; the bridge starts verifiers' own env server (or connects to one at
 `env.verifiers.address`) and drives it with verifiers' own `EnvClient`, in JSON lines on its stdin/stdout. An
 episode runs entirely in verifiers (its harness, tools and rewards); its model calls come back to this process's
-engine through the token-in `/inference/v1/generate` endpoint (thermik.rollout.verifiers_episodes serves it and
-turns the returned traces into trajectories). docs/environments.md, "verifiers v1".
+engine through a capture episode's token-in `/inference/v1/generate` endpoint (thermik.agents.verifiers_episode,
+which records the samples). docs/environments.md, "verifiers v1".
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ class VerifiersEnv(Env):
         self.task, self.cfg = task, options.verifiers
 
     def step(self, action: str) -> StepOutput:
-        raise TypeError("verifiers plays its episodes itself: run them with thermik.rollout.verifiers_episodes.play")
+        raise TypeError("verifiers plays its episodes itself: run them with thermik.agents.verifiers_episode.play")
 
     async def arun(self, client: dict[str, Any], sampling: dict[str, Any]) -> dict[str, Any]:
         """One episode on the verifiers side: {"traces": [...], "errors": [...]} (verifiers_bridge.py)."""

@@ -273,12 +273,8 @@ async def rollout_row(
     env = make_env(row)
     try:
         play = getattr(env, "play", None)
-        if play is not None:  # an agent harness plays it against a capture endpoint (thermik.agents, `[agent]`)
+        if play is not None:  # an agent harness or verifiers plays it against a capture endpoint (thermik.agents)
             traj = await play(engine, chat, row, limits, sampling, group_id, seed)
-        elif env.plays_episode:  # another framework plays it and calls the engine back (rollout/verifiers_episodes.py)
-            from thermik.rollout.verifiers_episodes import play
-
-            traj = await play(engine, env, chat, row["prompt"], limits, sampling, group_id, seed)
         else:
             traj = await run_episode(engine, env, chat, row["prompt"], limits, sampling, group_id, seed)
     finally:

@@ -64,6 +64,14 @@ class Trajectory:
         """Weight versions of every sample's tokens (observation tokens carry -1)."""
         return [v for s in self.samples for v in s.weight_versions]
 
+    def add_final_reward(self, reward: float) -> bool:
+        """`reward` on the last sampled token of the episode's last sample that sampled anything; False (nothing
+        placed) when no sample did."""
+        last = next((s for s in reversed(self.samples) if s.turn_spans), None)
+        if last is not None:
+            last.rewards[last.turn_spans[-1][1] - 1] += reward
+        return last is not None
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

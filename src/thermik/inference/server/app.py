@@ -22,7 +22,7 @@ from thermik.inference.remote import THERMIK_OWNER
 from thermik.inference.server import outputs, streaming
 from thermik.inference.server.chat_render import render_chat
 from thermik.inference.server.errors import ApiError, error_body
-from thermik.inference.server.generate import SESSION_HEADER, GenerateHook, GenerateRequest, generate
+from thermik.inference.server.generate import SESSION_HEADER, GenerateRequest, generate
 from thermik.inference.server.protocol import (
     MAX_GENERATIONS,
     SEED_MOD,
@@ -440,10 +440,8 @@ def build_app(
     model_name: str,
     api_key: str | None = None,
     max_model_len: int = 2048,
-    on_generate: GenerateHook | None = None,
 ) -> FastAPI:
-    """OpenAI-compatible app over `engine`. `tokenizer` is the model's HF tokenizer (with its chat template);
-    `on_generate(prompt_ids, generation)` sees every completion of /inference/v1/generate."""
+    """OpenAI-compatible app over `engine`. `tokenizer` is the model's HF tokenizer (with its chat template)."""
     server = OpenAIServer(engine, tokenizer, model_name, max_model_len)
 
     async def check_key(request: Request) -> None:
@@ -469,7 +467,7 @@ def build_app(
     @app.post("/inference/v1/generate", dependencies=auth)
     async def token_generate(body: GenerateRequest, request: Request) -> dict[str, Any]:
         """vLLM's token-in endpoint (verifiers' and prime-rl's training clients): inference/server/generate.py."""
-        return await generate(server, body, request.headers.get(SESSION_HEADER), on_generate)
+        return await generate(server, body, request.headers.get(SESSION_HEADER))
 
     app.state.server = server
     return app
