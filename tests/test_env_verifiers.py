@@ -17,7 +17,7 @@ from serving import embedded_engine, running
 
 from thermik.agents.verifiers_episode import _from_trace
 from thermik.config.schema import EnvConfig, VerifiersConfig
-from thermik.envs.verifiers_env import bridge_for, default_venv
+from thermik.envs.verifiers_env import bridge_for, close_bridges, default_venv
 from thermik.rollout.step_wise import PrefixBreakError
 from thermik.rollout.trajectory import Trajectory
 from thermik.tasks.registry import generate_rows, make_env
@@ -28,6 +28,13 @@ needs_venv = pytest.mark.skipif(
     not VENV_PYTHON.is_file(), reason="the verifiers venv is absent: make it with `bash scripts/verifiers_venv.sh`"
 )
 ECHO = "verifiers:thermik-vf-echo"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _bridges_end_with_this_file():
+    """The process keeps a bridge per taskset for its lifetime; this file's end is the test process's 'done'."""
+    yield
+    close_bridges()
 
 
 @pytest.fixture(scope="module")

@@ -133,11 +133,22 @@ def checked(reply: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
+_STARTED: list[Bridge] = []
+
+
 @functools.cache
 def _bridge(python: str, config_json: str, address: str, timeout_s: float) -> Bridge:
     bridge = Bridge(Path(python), json.loads(config_json), address, timeout_s)
     atexit.register(bridge.close)
+    _STARTED.append(bridge)
     return bridge
+
+
+def close_bridges() -> None:
+    """Close every bridge this process started (a long-lived process that is done with verifiers; exit does it too)."""
+    _bridge.cache_clear()
+    while _STARTED:
+        _STARTED.pop().close()
 
 
 def bridge_for(taskset: str, cfg: VerifiersConfig) -> Bridge:
