@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Modules that are the optional features themselves: importing them needs their extra.
 OPTIONAL_MODULES: dict[str, str] = {
     "thermik.inference.server": "serve",
+    "thermik.capture": "serve",  # per-episode endpoints, served by fastapi
+    "thermik.agents.episode": "serve",  # harness and verifiers episodes over a capture endpoint
     "thermik.inference.vllm_engine": "vllm",
     "thermik.inference.vllm_worker": "vllm",
     "thermik.tinker": "tinker",

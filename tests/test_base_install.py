@@ -39,7 +39,7 @@ def test_base_install_check_names_the_module_and_the_extra(tmp_path: Path) -> No
     shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
     shutil.copytree(ROOT / "scripts", tree / "scripts")
     shutil.copy(ROOT / "pyproject.toml", tree)
-    module = tree / "src" / "thermik" / "training" / "precision.py"
+    module = tree / "src" / "thermik" / "training" / "mixed_precision.py"
     module.write_text(module.read_text().replace("import torch\n", "import peft  # noqa: F401\nimport torch\n", 1))
     site = tmp_path / "site"
     site.mkdir()
@@ -60,6 +60,7 @@ def test_base_install_check_names_the_module_and_the_extra(tmp_path: Path) -> No
         (["peft"], ["rl", "--lora.enabled", "true"], "lora"),
         (["tensorboard"], ["rl", "--monitor.tensorboard", "true"], "sinks"),
         (["ray"], ["rl", "--distributed.enabled", "true"], "distributed"),
+        (["fastapi"], ["rl", "--agent.command", "true"], "serve"),
     ],
 )
 def test_a_missing_extra_stops_with_one_line_naming_it(

@@ -35,4 +35,11 @@ def harness_env_factory(make_env: Callable[[dict[str, Any]], Env], cfg: AgentCon
     """`make_env` when no harness is configured, else each row's env wrapped for the harness."""
     if not cfg.enabled:
         return make_env
+    try:  # the capture endpoint is served by fastapi: say so before any episode, not once per failed episode
+        import fastapi  # noqa: F401
+    except ModuleNotFoundError as e:  # the CLI prints an ImportError as one line, exit 2, like every missing extra
+        raise ImportError(
+            "agent.entrypoint / agent.command play against a capture endpoint, which needs the 'serve' extra: "
+            f'pip install -e ".[serve]" ({e})'
+        ) from None
     return lambda row: HarnessEnv(make_env(row), cfg, row)

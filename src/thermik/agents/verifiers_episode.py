@@ -15,8 +15,6 @@ from __future__ import annotations
 import time
 from typing import Any, ClassVar
 
-from thermik.agents.episode import capture_for, run_sampling
-from thermik.capture import EpisodeLimits
 from thermik.config.schema import SamplingConfig
 from thermik.envs.base import Env, StepOutput
 from thermik.envs.verifiers_env import BridgeError
@@ -67,6 +65,9 @@ async def play(
 ) -> Trajectory:
     """One verifiers episode of the row whose env is `env` (a VerifiersEnv), as a Trajectory (see the module
     docstring)."""
+    from thermik.agents.episode import capture_for, run_sampling  # capture serves over fastapi: extra `serve`
+    from thermik.capture import EpisodeLimits
+
     capture = await capture_for(engine, chat, MODEL_NAME, limits.max_sequence_length)
     handle = capture.open(EpisodeLimits(sampling=run_sampling(sampling, seed)), group_id=group_id)
     client = {"base_url": handle.base_url, "model": handle.model,
