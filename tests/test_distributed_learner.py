@@ -159,7 +159,7 @@ def test_a_corrupted_engine_weight_stops_the_ray_run_at_the_checksum_guard(
 
 def test_only_lora_with_fsdp2_is_refused_on_ray(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The options the Ray mode once refused validate; LoRA with FSDP2 is refused with the way out."""
-    algorithm = {"advantage": "gae", "kl_coef": 0.1, "kl_mode": "reward", "kl_controller": "adaptive"}
+    algorithm = {"advantage": {"type": "gae"}, "kl": {"coef": 0.1, "mode": "reward", "controller": "adaptive"}}
     cfg = _config(
         tmp_path,
         tiny_model_dir,
