@@ -1,9 +1,10 @@
 """Kill -9 of `thermik rl` during generation, the update, a checkpoint write and an MCP call, each
 followed by a resume; the end state must equal an uninterrupted seeded run (kill_suite.py holds the machinery).
 
-Bounded in CI: one kill per phase in one chain (about 2 minutes on 2 shared cores); the Ray mode's 5 kills (about
-15 minutes on 2 loaded cores: each start brings up a local Ray) are marked `ray` too. `RELIABILITY_FULL=1` runs
-RELIABILITY_KILLS kills (default 20); `python tests/reliability/kill_suite.py --kills 20` prints the figures.
+Bounded in CI: one kill per phase in one chain (about 2 minutes on 2 shared cores). `RELIABILITY_FULL=1` runs
+RELIABILITY_KILLS kills (default 20) and the Ray mode's 5 kills (each start brings up a local Ray: minutes, too long
+for CI's budget; checkpoints on Ray are covered in CI by tests/test_distributed.py);
+`python tests/reliability/kill_suite.py --kills 20` prints the figures.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ RAY_WEIGHTS_ATOL = 0.0  # float32, the same seeded sampling on the engine actor:
 
 @pytest.mark.slow
 @pytest.mark.ray
+@pytest.mark.skipif(
+    os.environ.get("RELIABILITY_FULL") != "1", reason="minutes of Ray starts: RELIABILITY_FULL=1 runs it"
+)
 def test_kill9_on_ray_then_resume_equals_an_uninterrupted_run(tiny_model_dir, tmp_path):
     """The same suite in the Ray mode (one trainer worker, one engine actor): 5 kills of the driver at random moments
     of generation, the update on the worker, rank 0's checkpoint write and an MCP call, each followed by a resume."""
