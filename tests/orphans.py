@@ -6,6 +6,7 @@ import subprocess
 import time
 
 import psutil
+import pytest
 
 GONE_WITHIN_S = 10.0
 
@@ -45,3 +46,19 @@ def children_started_after(before: set[int]) -> list[psutil.Process]:
 
 def children_now() -> set[int]:
     return {p.pid for p in alive(psutil.Process().children(recursive=True))}
+
+
+_EARLIER: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def earlier_children() -> None:
+    """Imported by a test module, it makes `new_children()` ignore what ran before each test (other modules'
+    servers are not that test's to reap)."""
+    _EARLIER.clear()
+    _EARLIER.update(children_now())
+
+
+def new_children() -> list[psutil.Process]:
+    """This process's running descendants started since the current test began (see `earlier_children`)."""
+    return children_started_after(_EARLIER)

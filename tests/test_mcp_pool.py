@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from fixtures.faulty_server import SCRIPT, server_spec
-from orphans import children_now, children_started_after
+from orphans import earlier_children, new_children  # noqa: F401  (earlier_children: an autouse fixture)
 
 from thermik.tools.mcp_pool import HttpServerSpec, MCPPool
 
@@ -221,15 +221,5 @@ def _running(pid: int) -> bool:
         return False
 
 
-_EARLIER: set[int] = set()
-
-
-@pytest.fixture(autouse=True)
-def _earlier_children() -> None:
-    """Processes other tests left running (module-scoped servers) are not this test's to reap."""
-    _EARLIER.clear()
-    _EARLIER.update(children_now())
-
-
 def _server_pids() -> list[int]:
-    return [p.pid for p in children_started_after(_EARLIER)]
+    return [p.pid for p in new_children()]

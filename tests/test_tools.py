@@ -12,7 +12,7 @@ import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from orphans import children_now, children_started_after
+from orphans import earlier_children, new_children  # noqa: F401  (earlier_children: an autouse fixture)
 
 from thermik.tasks.calculator.arith import MAX_EXPONENT, ArithError, evaluate, format_number
 from thermik.tasks.calculator.server import server_spec
@@ -161,18 +161,8 @@ def test_arith_rejects_with_clear_error(expression, fragment):
 # ---------------------------------------------------------------- MCP server + pool (real processes)
 
 
-_EARLIER: set[int] = set()
-
-
-@pytest.fixture(autouse=True)
-def _earlier_children() -> None:
-    """Processes other tests left running (module-scoped servers) are not this test's to reap."""
-    _EARLIER.clear()
-    _EARLIER.update(children_now())
-
-
 def _children() -> list[psutil.Process]:
-    return children_started_after(_EARLIER)
+    return new_children()
 
 
 def test_pool_calls_server_concurrently_on_one_process_and_closes_cleanly(tmp_path):
