@@ -1,5 +1,6 @@
 """Weights on disk as safetensors: writing a state dict (a file, or a directory published atomically), loading a weight
-source (state dict, *.safetensors file or directory) and copying it into a model in place."""
+source (state dict, *.safetensors file, directory of them, or a shared-memory weight directory: shared_weights.py) and
+copying it into a model in place."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from thermik.atomic import publish_dir
 from thermik.inference.base import WeightSource
+from thermik.inference.shared_weights import is_shared, read_shared
 
 WEIGHTS_FILE = "model.safetensors"  # the file name of a published weight directory
 
@@ -38,6 +40,8 @@ def load_state(source: WeightSource) -> dict[str, torch.Tensor]:
     path = Path(source)
     if path.is_file() and path.suffix == ".safetensors":
         return load_file(str(path))
+    if path.is_dir() and is_shared(path):
+        return read_shared(path)
     if path.is_dir():
         files = sorted(path.glob("*.safetensors"))
         if not files:
