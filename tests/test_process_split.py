@@ -23,7 +23,7 @@ from thermik.atomic import write_json_atomic
 from thermik.config import ConfigError, dump_toml, load_config
 from thermik.config.schema import RunConfig, ServeConfig
 from thermik.inference.server.app import build_app
-from thermik.inference.shared_weights import is_shared
+from thermik.inference.shared_weights import is_shared, shared_segment
 from thermik.inference.weights import WEIGHTS_FILE, load_state, write_safetensors
 from thermik.rollout.staleness import within_staleness
 from thermik.rollout.trajectory import Trajectory
@@ -203,7 +203,9 @@ def test_inference_trainer_orchestrator_run_from_one_config(tmp_path: Path, tiny
         server.wait(timeout=30)
     layout = SplitLayout(cfg.run_dir)
     assert published_steps(layout.weights) == [1, 2, 3]
-    final = load_file(str(layout.weights_dir(3) / WEIGHTS_FILE))
+    segments = [shared_segment(layout.weights_dir(s)) for s in (1, 2, 3)]  # the weights went through shared memory
+    assert all(seg is not None and not seg.exists() for seg in segments)  # freed once the server held them
+    final = load_file(str(cfg.run_dir / "export" / WEIGHTS_FILE))
     initial = load_file(str(tiny_model_dir / "model.safetensors"))
     assert any(not torch.equal(final[k], initial[k]) for k in final), "the trainer's weights did not change"
     orch = [r for r in _records(layout.orchestrator_dir / "metrics.jsonl") if "off_policy/staleness_max" in r]

@@ -215,12 +215,12 @@ async def _load(orch: OrchestratorMode, step: int) -> None:
 async def follow_weights(orch: OrchestratorMode) -> None:
     """Asynchronous runs: load each weight directory into the server as soon as the trainer publishes it (it rings;
     a look every split.poll_interval_s covers a lost ring), then let the producer admit the groups it allows."""
-    assert orch.producer is not None
     while True:
         await orch.weights_rung.wait(orch.cfg.split.poll_interval_s)
         if max(published_steps(orch.layout.weights), default=0) > orch.weight_step:
             await load_published(orch)
-            await orch.producer.weights_updated()
+            if orch.producer is not None:
+                await orch.producer.weights_updated()
 
 
 async def load_new_weights(orch: OrchestratorMode, step: int, bound: int) -> float:

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import torch
+
 from thermik.assembly import components
 from thermik.config.schema import RunConfig
 from thermik.inference import shared_weights
@@ -98,11 +100,16 @@ def setup_trainer(cfg: RunConfig) -> SplitTrainerMode:
 
 
 def publish_weights(learner: Learner, layout: SplitLayout, step: int) -> Path:
-    """weights/step_<step> (what a weight sync sends: LoRA merged in), atomically, as a shared-memory segment or a
-    model.safetensors file (split.weight_transfer); older ones the orchestrator can no longer need are removed. The
-    orchestrator's doorbell rings."""
-    state, replaced = components.engine_weights(learner.policy), shared_segment(layout.weights_dir(step))
-    if uses_shared_memory(learner.cfg):
+    """weights/step_<step>: what a weight sync sends (LoRA merged in), published by `publish_state`."""
+    return publish_state(components.engine_weights(learner.policy), layout, step, learner.cfg)
+
+
+def publish_state(state: dict[str, torch.Tensor], layout: SplitLayout, step: int, cfg: RunConfig) -> Path:
+    """weights/step_<step> atomically, as a shared-memory segment or a model.safetensors file
+    (split.weight_transfer); older ones the orchestrator can no longer need are removed; the orchestrator's doorbell
+    rings."""
+    replaced = shared_segment(layout.weights_dir(step))
+    if uses_shared_memory(cfg):
         prefix = f"thermik-{re.sub(r'[^A-Za-z0-9_.-]', '_', layout.run_dir.name)[:40]}-step{step}"
         path = publish_dir(layout.weights_dir(step), lambda tmp: write_shared(state, tmp, prefix))
     else:
@@ -110,7 +117,7 @@ def publish_weights(learner: Learner, layout: SplitLayout, step: int) -> Path:
     if replaced is not None:  # a restarted trainer published this step again: the earlier copy's memory is free
         replaced.unlink(missing_ok=True)
     # The orchestrator loads every published step in order and is at most max_staleness + 1 behind.
-    prune_steps(layout.weights, step - max_staleness(learner.cfg) - 1)
+    prune_steps(layout.weights, step - max_staleness(cfg) - 1)
     doorbell.ring(layout.run_dir, doorbell.WEIGHTS, f"step {step}")
     return path
 
