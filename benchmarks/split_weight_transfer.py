@@ -63,9 +63,8 @@ def main() -> None:
             subprocess.run(cmd, check=True, capture_output=True)
             for transfer in ("files", "shared_memory"):
                 publish, load, _ = measure(model_dir, transfer, args.repeats, Path(tmp) / "runs")
-                print(
-                    f"{preset:<12}{transfer:<16}{publish * 1e3:>12.1f}{load * 1e3:>10.1f}{(publish + load) * 1e3:>10.1f}"
-                )
+                total = (publish + load) * 1e3
+                print(f"{preset:<12}{transfer:<16}{publish * 1e3:>12.1f}{load * 1e3:>10.1f}{total:>10.1f}")
 
 
 if __name__ == "__main__":
