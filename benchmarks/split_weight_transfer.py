@@ -23,7 +23,8 @@ from transformers import AutoModelForCausalLM
 
 from thermik.config.schema import RunConfig
 from thermik.inference.embedded import EmbeddedEngine
-from thermik.runs.split.protocol import SplitLayout, prune_steps
+from thermik.inference.shared_weights import unlink_segment
+from thermik.runs.split.protocol import SplitLayout, published_steps
 from thermik.runs.split.trainer import publish_state
 
 
@@ -46,7 +47,8 @@ def measure(model_dir: Path, transfer: str, repeats: int, out: Path) -> tuple[fl
         publish.append(t1 - t0)
         load.append(time.perf_counter() - t1)
     size = sum(f.stat().st_size for f in path.iterdir())
-    prune_steps(layout.weights, repeats + 1)  # frees the shared memory of what is left
+    for published in published_steps(layout.weights):  # free the shared memory
+        unlink_segment(layout.weights_dir(published))
     return statistics.median(publish), statistics.median(load), size
 
 

@@ -23,7 +23,7 @@ from thermik.atomic import write_json_atomic
 from thermik.config import ConfigError, dump_toml, load_config
 from thermik.config.schema import RunConfig, ServeConfig
 from thermik.inference.server.app import build_app
-from thermik.inference.shared_weights import is_shared, shared_segment
+from thermik.inference.shared_weights import is_shared, shared_segment, unlink_segment
 from thermik.inference.weights import WEIGHTS_FILE, load_state, write_safetensors
 from thermik.rollout.staleness import within_staleness
 from thermik.rollout.trajectory import Trajectory
@@ -33,7 +33,6 @@ from thermik.runs.split.protocol import (
     META_FILE,
     SplitLayout,
     SplitTimeout,
-    prune_steps,
     publish_dir,
     published_steps,
     save_batch,
@@ -154,8 +153,10 @@ def test_a_restarted_trainer_resumes_and_republishes_its_weights(tmp_path: Path,
     assert is_shared(layout.weights_dir(2))
     assert all(torch.equal(published[k], v) for k, v in learner.policy.state_dict().items() if k in published)
     del published
-    prune_steps(layout.weights, 3)
-    assert not list(Path("/dev/shm").glob("thermik-restart-*"))  # the replaced copy's segment and step 2's are freed
+    segment = shared_segment(layout.weights_dir(2))
+    assert segment is not None and len(list(segment.parent.glob(segment.name.rsplit("-slot", 1)[0] + "*"))) == 1
+    unlink_segment(layout.weights_dir(2))  # publishing step 2 again reused its slot; this frees the run's only one
+    assert not segment.exists()
 
 
 def test_one_file_configures_the_server_too(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from thermik.envs.tool_use import tool_observation
 from thermik.inference.base import Generation
 from thermik.inference.embedded import EmbeddedEngine
 from thermik.inference.server.app import build_app
-from thermik.inference.shared_weights import is_shared, shared_segment
+from thermik.inference.shared_weights import is_shared, read_shared, shared_segment, unlink_segment, write_shared
 from thermik.models.loading import load_tokenizer
 from thermik.runs.local import run_rl
 from thermik.runs.split.orchestrator import follow_weights, setup_orchestrator
@@ -160,3 +160,24 @@ def _no_leftover_segments():
     before = set(Path("/dev/shm").glob("thermik-split-inflight-*"))
     yield
     assert not set(Path("/dev/shm").glob("thermik-split-inflight-*")) - before
+
+
+def test_a_reused_shared_memory_slot_is_refused_for_the_step_it_no_longer_holds(tmp_path: Path) -> None:
+    """Slots are reused in place (same segment, no new file): a directory whose segment now holds a newer step is
+    refused instead of loading the wrong weights; the newer one reads back exactly."""
+    older, newer = tmp_path / "step_1", tmp_path / "step_3"
+    older.mkdir(), newer.mkdir()
+    a = {"w": torch.randn(3, 5), "b": torch.arange(4, dtype=torch.int64), "h": torch.randn(7).bfloat16()}
+    b = {k: v + 1 for k, v in a.items()}
+    segment = write_shared(a, older, "thermik-split-inflight-probe-slot1", 1)
+    try:
+        assert all(torch.equal(read_shared(older)[k], v) for k, v in a.items())
+        inode = segment.stat().st_ino
+        assert write_shared(b, newer, "thermik-split-inflight-probe-slot1", 3) == segment
+        assert segment.stat().st_ino == inode  # written into the mapped pages, not a new file
+        assert all(torch.equal(read_shared(newer)[k], v) for k, v in b.items())
+        with pytest.raises(ValueError, match="hold step 3, not the step 1"):
+            read_shared(older)
+    finally:
+        unlink_segment(newer)
+    assert not segment.exists()

@@ -1,20 +1,22 @@
 """Weights through POSIX shared memory: processes on one machine hand a state dict over without a safetensors file.
 
-The writer copies every tensor into one segment under /dev/shm (memory, not disk) and writes a small manifest,
-`shared_memory.json` (segment name, and per tensor its dtype, shape and byte offset), into the weight directory it
-publishes. A reader maps the segment and views each tensor in place; loading copies them once, into the model.
-`load_state` (weights.py) reads such a directory like one holding *.safetensors, so the inference server's
-`POST /update_weights {"path": ...}` takes either.
+The writer copies every tensor into a segment under /dev/shm (memory, not disk) and writes a small manifest,
+`shared_memory.json` (segment name, the step written, and per tensor its dtype, shape and byte offset), into the
+weight directory it publishes. A reader maps the segment and views each tensor in place; loading copies them once,
+into the model. `load_state` (weights.py) reads such a directory like one holding *.safetensors, so the inference
+server's `POST /update_weights {"path": ...}` takes either.
 
-A segment lives until `unlink_segment` removes it (the split trainer prunes old steps, the orchestrator removes what
-the server holds); a crashed run may leave a few behind: `rm /dev/shm/thermik-*` frees them.
+Segments are reused: the split trainer writes step s into slot s mod (max_staleness + 2), and both sides keep their
+mapping of a slot open, so after the first round a transfer is two memory copies into and out of pages already
+mapped (no file written, no page allocated). A segment's 64-byte header holds the step it holds (-1 while being
+written); a reader refuses a directory whose segment now holds another step. The orchestrator removes the segments
+when it stops; a crashed run may leave a few behind: `rm /dev/shm/thermik-*` frees them.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import uuid
 from pathlib import Path
 
 import torch
@@ -22,6 +24,8 @@ import torch
 MANIFEST = "shared_memory.json"
 SHM_ROOT = Path("/dev/shm")
 ALIGN = 64  # each tensor starts on a cache line
+HEADER = 64  # int64 step, then padding
+_maps: dict[Path, tuple[int, int, torch.Tensor]] = {}  # segment -> (inode, bytes, its mapping) of this process
 
 
 def available() -> bool:
@@ -36,10 +40,9 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def write_shared(state: dict[str, torch.Tensor], directory: Path, prefix: str) -> Path:
-    """Copy `state` into a new segment `<prefix>-<id>` and write directory/shared_memory.json describing it; tied
-    tensors are stored once. Returns the segment's path."""
-    entries, tensors, offset, seen = [], [], 0, set()
+def _layout(state: dict[str, torch.Tensor]) -> tuple[list[dict], list[torch.Tensor], int]:
+    """(manifest entries, the tensors, total bytes): tied tensors once, each on an ALIGN boundary after the header."""
+    entries, tensors, offset, seen = [], [], HEADER, set()
     for name, tensor in state.items():
         key = (tensor.data_ptr(), tuple(tensor.shape))
         if key in seen:
@@ -51,15 +54,58 @@ def write_shared(state: dict[str, torch.Tensor], directory: Path, prefix: str) -
                         "offset": offset, "nbytes": nbytes})  # fmt: skip
         tensors.append(tensor)
         offset += -(-nbytes // ALIGN) * ALIGN
-    segment = SHM_ROOT / f"{prefix}-{uuid.uuid4().hex[:8]}"
-    # write() into tmpfs, not a copy into a fresh mapping: the kernel fills new pages in bulk (measured ~10x faster
-    # than faulting them in one by one); readers map it (read_shared)
-    with segment.open("wb") as f:
-        for entry, tensor in zip(entries, tensors, strict=True):
-            f.seek(int(entry["offset"]))
-            f.write(tensor.reshape(-1).view(torch.uint8).numpy().data)
-        f.truncate(max(offset, 1))
-    (directory / MANIFEST).write_text(json.dumps({"segment": segment.name, "bytes": offset, "tensors": entries}))
+    return entries, tensors, offset
+
+
+def _mapping(segment: Path, size: int) -> torch.Tensor | None:
+    """This process's mapping of `segment` (kept open across steps), or None when it is not there at `size`."""
+    try:
+        stat = segment.stat()
+    except FileNotFoundError:
+        return None
+    if stat.st_size != size:
+        return None
+    cached = _maps.get(segment)
+    if cached is None or cached[:2] != (stat.st_ino, size):
+        cached = (stat.st_ino, size, torch.from_file(str(segment), shared=True, size=size, dtype=torch.uint8))
+        _maps[segment] = cached
+    return cached[2]
+
+
+def _step_word(buffer: torch.Tensor) -> torch.Tensor:
+    return buffer[:8].view(torch.int64)
+
+
+def write_shared(state: dict[str, torch.Tensor], directory: Path, segment_name: str, step: int) -> Path:
+    """Copy `state` into segment `segment_name` (reused when it is there at the same size, else created) as `step`,
+    and write directory/shared_memory.json describing it. Returns the segment's path."""
+    entries, tensors, size = _layout(state)
+    segment = SHM_ROOT / segment_name
+    buffer = _mapping(segment, size)
+    if buffer is None:  # first use: write() fills the new pages in bulk (far faster than faulting them in one by one)
+        tmp = segment.with_name(f"{segment.name}.tmp{os.getpid()}")
+        with tmp.open("wb") as f:
+            f.write(torch.tensor([-1], dtype=torch.int64).numpy().tobytes())
+            for entry, tensor in zip(entries, tensors, strict=True):
+                f.seek(int(entry["offset"]))
+                f.write(tensor.reshape(-1).view(torch.uint8).numpy().data)
+            f.truncate(size)
+        tmp.replace(segment)  # a reader's mapping of an older segment of that name sees the new inode and remaps
+        buffer = _mapping(segment, size)
+        assert buffer is not None
+    else:
+        _step_word(buffer).fill_(-1)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # memory-bound copies: see weights.copy_state
+        try:
+            for entry, tensor in zip(entries, tensors, strict=True):
+                start = int(entry["offset"])
+                buffer[start : start + int(entry["nbytes"])].copy_(tensor.reshape(-1).view(torch.uint8))
+        finally:
+            torch.set_num_threads(threads)
+    _step_word(buffer).fill_(step)
+    manifest = {"segment": segment.name, "bytes": size, "step": step, "tensors": entries}
+    (directory / MANIFEST).write_text(json.dumps(manifest))
     return segment
 
 
@@ -76,7 +122,14 @@ def read_shared(directory: Path) -> dict[str, torch.Tensor]:
             f"shared-memory weights {segment} are gone (removed after use, or the machine restarted): publish them "
             "again, or use split.weight_transfer = 'files'"
         )
-    buffer = torch.from_file(str(segment), shared=True, size=max(int(manifest["bytes"]), 1), dtype=torch.uint8)
+    buffer = _mapping(segment, int(manifest["bytes"]))
+    held = int(_step_word(buffer).item()) if buffer is not None else None
+    if held != int(manifest["step"]):
+        raise ValueError(
+            f"shared-memory weights {segment} hold step {held}, not the step {manifest['step']} of {directory}: "
+            "the trainer reused the slot for newer weights; load a newer step"
+        )
+    assert buffer is not None
     state = {}
     for entry in manifest["tensors"]:
         start = int(entry["offset"])
@@ -98,3 +151,4 @@ def unlink_segment(directory: Path) -> None:
     segment = shared_segment(directory)
     if segment is not None:
         segment.unlink(missing_ok=True)
+        _maps.pop(segment, None)

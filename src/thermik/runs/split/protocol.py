@@ -22,7 +22,6 @@ from safetensors.torch import load_file, save_file
 
 from thermik.atomic import publish_dir as publish_atomic
 from thermik.atomic import remove_dir
-from thermik.inference.shared_weights import unlink_segment
 from thermik.runs.split.doorbell import Doorbell
 from thermik.training.batch import TokenBatch
 
@@ -89,10 +88,9 @@ def publish_dir(final: Path, write: Callable[[Path], None]) -> Path:
 
 
 def prune_steps(root: Path, below: int) -> None:
-    """Remove published step directories with step < below (and the shared memory of weights held there)."""
+    """Remove published step directories with step < below (shared-memory segments stay: they are reused slots)."""
     for step in published_steps(root):
         if step < below:
-            unlink_segment(root / f"step_{step}")
             remove_dir(root / f"step_{step}")
 
 

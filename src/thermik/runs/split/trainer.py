@@ -7,6 +7,7 @@ Per step s: wait for `rollouts/step_<s>`, run the same update as `thermik rl` (`
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
 import json
 import re
@@ -20,7 +21,7 @@ import torch
 from thermik.assembly import components
 from thermik.config.schema import RunConfig
 from thermik.inference import shared_weights
-from thermik.inference.shared_weights import shared_segment, write_shared
+from thermik.inference.shared_weights import write_shared
 from thermik.inference.weights import WEIGHTS_FILE, write_safetensors
 from thermik.rollout.evaluation import EvalResult
 from thermik.rollout.staleness import is_asynchronous, max_staleness
@@ -105,21 +106,27 @@ def publish_weights(learner: Learner, layout: SplitLayout, step: int) -> Path:
 
 
 def publish_state(state: dict[str, torch.Tensor], layout: SplitLayout, step: int, cfg: RunConfig) -> Path:
-    """weights/step_<step> atomically, as a shared-memory segment or a model.safetensors file
-    (split.weight_transfer); older ones the orchestrator can no longer need are removed; the orchestrator's doorbell
-    rings."""
-    replaced = shared_segment(layout.weights_dir(step))
+    """weights/step_<step> atomically, in a reused shared-memory segment or as a model.safetensors file
+    (split.weight_transfer); older directories the orchestrator can no longer need are removed; the orchestrator's
+    doorbell rings."""
     if uses_shared_memory(cfg):
-        prefix = f"thermik-{re.sub(r'[^A-Za-z0-9_.-]', '_', layout.run_dir.name)[:40]}-step{step}"
-        path = publish_dir(layout.weights_dir(step), lambda tmp: write_shared(state, tmp, prefix))
+        segment = slot_segment(layout, step, max_staleness(cfg) + 2)
+        path = publish_dir(layout.weights_dir(step), lambda tmp: write_shared(state, tmp, segment, step))
     else:
         path = publish_dir(layout.weights_dir(step), lambda tmp: write_safetensors(state, tmp / WEIGHTS_FILE))
-    if replaced is not None:  # a restarted trainer published this step again: the earlier copy's memory is free
-        replaced.unlink(missing_ok=True)
     # The orchestrator loads every published step in order and is at most max_staleness + 1 behind.
     prune_steps(layout.weights, step - max_staleness(cfg) - 1)
     doorbell.ring(layout.run_dir, doorbell.WEIGHTS, f"step {step}")
     return path
+
+
+def slot_segment(layout: SplitLayout, step: int, slots: int) -> str:
+    """The shared-memory segment of `step`: slot step mod `slots` of this run directory. The orchestrator is never
+    more than max_staleness + 1 steps behind (it loads every step in order), so max_staleness + 2 slots are never
+    overwritten while it may still load them (a reader checks the step the segment holds, too)."""
+    digest = hashlib.sha1(str(layout.run_dir.resolve()).encode()).hexdigest()[:8]
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", layout.run_dir.name)[:40]
+    return f"thermik-{name}-{digest}-slot{step % slots}"
 
 
 def uses_shared_memory(cfg: RunConfig) -> bool:
