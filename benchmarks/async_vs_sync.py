@@ -76,7 +76,7 @@ def run_split(args: argparse.Namespace, off_policy: int, out: Path, seed: int) -
     """The same run as three processes started from one config, one torch thread each."""
     port = _free_port()
     argv = rl_argv(args, f"split-{off_policy}-seed{seed}", off_policy, out, seed)
-    argv += [f"--inference.base_url=http://127.0.0.1:{port}", f"--server.port={port}", "--split.poll_interval_s=0.02"]
+    argv += [f"--inference.base_url=http://127.0.0.1:{port}", f"--server.port={port}"]  # notified, not polled
     cfg = load_config(RunConfig, argv, env={})
     config = out / f"split-{off_policy}-seed{seed}.toml"
     config.write_text(dump_toml(cfg))

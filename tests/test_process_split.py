@@ -23,7 +23,8 @@ from thermik.atomic import write_json_atomic
 from thermik.config import ConfigError, dump_toml, load_config
 from thermik.config.schema import RunConfig, ServeConfig
 from thermik.inference.server.app import build_app
-from thermik.inference.weights import WEIGHTS_FILE, write_safetensors
+from thermik.inference.shared_weights import is_shared, shared_segment, unlink_segment
+from thermik.inference.weights import WEIGHTS_FILE, load_state, write_safetensors
 from thermik.rollout.staleness import within_staleness
 from thermik.rollout.trajectory import Trajectory
 from thermik.runs.split.orchestrator import load_new_weights, setup_orchestrator
@@ -135,7 +136,7 @@ def test_orchestrator_admits_steps_by_published_weights(tmp_path: Path, tiny_mod
             await orch.run.close()
             return orch.run.start_step, orch.rollout_ctx.sampler.position, orch.step_of_version
 
-        assert asyncio.run(restart()) == (2, 8, {2: 1})
+        assert asyncio.run(restart()) == (2, 8, {1: 1})  # the server's weight version is the trainer step
 
 
 def test_a_restarted_trainer_resumes_and_republishes_its_weights(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -148,8 +149,14 @@ def test_a_restarted_trainer_resumes_and_republishes_its_weights(tmp_path: Path,
     asyncio.run(mode.run.close())
     learner, layout = mode.learner, mode.layout
     assert mode.run.start_step == 2 and published_steps(layout.weights) == [2]
-    published = load_file(str(layout.weights_dir(2) / WEIGHTS_FILE))
+    published = load_state(layout.weights_dir(2))  # shared memory (the server URL is on this machine)
+    assert is_shared(layout.weights_dir(2))
     assert all(torch.equal(published[k], v) for k, v in learner.policy.state_dict().items() if k in published)
+    del published
+    segment = shared_segment(layout.weights_dir(2))
+    assert segment is not None and len(list(segment.parent.glob(segment.name.rsplit("-slot", 1)[0] + "*"))) == 1
+    unlink_segment(layout.weights_dir(2))  # publishing step 2 again reused its slot; this frees the run's only one
+    assert not segment.exists()
 
 
 def test_one_file_configures_the_server_too(tmp_path: Path) -> None:
@@ -197,7 +204,9 @@ def test_inference_trainer_orchestrator_run_from_one_config(tmp_path: Path, tiny
         server.wait(timeout=30)
     layout = SplitLayout(cfg.run_dir)
     assert published_steps(layout.weights) == [1, 2, 3]
-    final = load_file(str(layout.weights_dir(3) / WEIGHTS_FILE))
+    segments = [shared_segment(layout.weights_dir(s)) for s in (1, 2, 3)]  # the weights went through shared memory
+    assert all(seg is not None and not seg.exists() for seg in segments)  # freed once the server held them
+    final = load_file(str(cfg.run_dir / "export" / WEIGHTS_FILE))
     initial = load_file(str(tiny_model_dir / "model.safetensors"))
     assert any(not torch.equal(final[k], initial[k]) for k in final), "the trainer's weights did not change"
     orch = [r for r in _records(layout.orchestrator_dir / "metrics.jsonl") if "off_policy/staleness_max" in r]
@@ -218,8 +227,8 @@ def test_the_orchestrator_checks_the_weights_the_server_loaded(tmp_path: Path, t
     tensor = "model.layers.0.mlp.down_proj.weight"
     load = engine.update_weights
 
-    async def corrupting_load(source):
-        version = await load(source)
+    async def corrupting_load(source, version=None):
+        version = await load(source, version)
         if version == 2:  # the second load lands corrupted
             with torch.no_grad():
                 engine.model.state_dict()[tensor].mul_(8.0)

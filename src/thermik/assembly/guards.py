@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from thermik.config.schema import GuardsConfig
 from thermik.cpu.checksum import checksum
 from thermik.inference.base import InferenceEngine, SamplingParams
 from thermik.inference.remote import RemoteEngine
+from thermik.inference.weights import load_state
 from thermik.models.chat import ChatTokenizer
 from thermik.training.batch import token_logprobs
 
@@ -73,15 +73,16 @@ def local_weight_check(engine: InferenceEngine, sent: Mapping[str, torch.Tensor]
     return check
 
 
-def served_weight_check(engine: RemoteEngine, weights_file: Path) -> WeightCheck:
-    """The weight check of a split run: the tensors of the trainer's published `weights_file` against the checksums
-    the inference server reports for the weights it holds (None where it cannot report them)."""
+def served_weight_check(engine: RemoteEngine, weights: Path) -> WeightCheck:
+    """The weight check of a split run: the tensors of the trainer's published `weights` (a weight directory: a
+    safetensors file or shared memory) against the checksums the inference server reports for the weights it holds
+    (None where it cannot report them)."""
 
     async def check() -> tuple[list[str], int] | None:
         held = await engine.weight_checksums()
         if held is None:
             return None
-        sent = await asyncio.to_thread(load_file, str(weights_file))
+        sent = await asyncio.to_thread(load_state, weights)
         bad = [
             f"{name} (absent in the engine)" if name not in held else name
             for name, tensor in sent.items()

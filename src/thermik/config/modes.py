@@ -52,7 +52,8 @@ OPTION_RULES: tuple[OptionRule, ...] = (
     OptionRule(
         "trainer.stale_groups", "cancel", lambda c: c.trainer.stale_groups == "cancel",
         runs={"local": "rollout/group_producer.py", "ray": "rollout/group_producer.py"},
-        refused={"split": "the orchestrator samples whole steps and cancels nothing; set trainer.stale_groups 'drop'"},
+        refused={"split": "the orchestrator finishes every group it starts (partial rollouts) and drops only by the "
+                 "staleness rule; set trainer.stale_groups 'drop'"},
     ),
     OptionRule(
         "guards.parity_every", "1", lambda c: c.guards.parity_every > 0,

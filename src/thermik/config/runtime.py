@@ -81,4 +81,16 @@ class SplitConfig(Section):
         description="Most seconds the trainer waits for a rollout batch, or the orchestrator for weights, before "
         "stopping with an error that names the other process; cover one step of the other side.",
     )
-    poll_interval_s: float = Field(0.2, gt=0, description="Seconds between two looks for a new file.")
+    poll_interval_s: float = Field(
+        0.2,
+        gt=0,
+        description="Seconds between two looks for a new file when no notification arrives (on Linux the side that "
+        "publishes notifies the waiting side at once; polling covers a restarted or remote process).",
+    )
+    weight_transfer: Literal["auto", "shared_memory", "files"] = Field(
+        "auto",
+        description="How the trainer hands weights to the inference server: 'shared_memory' (a /dev/shm segment and "
+        "a small manifest in weights/step_<s>; needs the server on the trainer's machine), 'files' (a safetensors "
+        "file in weights/step_<s>, for a server that shares only the run directory), 'auto': shared_memory when "
+        "inference.base_url is a loopback address and /dev/shm is there, else files.",
+    )

@@ -81,8 +81,9 @@ class GroupProducer:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        self._first_version = self.version()
+    def start(self, first_version: int | None = None) -> None:
+        """Start producing; the first batch trains on weights `first_version` (default: the engine's now)."""
+        self._first_version = self.version() if first_version is None else first_version
         self._task = asyncio.create_task(self._produce(), name="thermik-group-producer")
 
     async def stop(self) -> None:
@@ -144,9 +145,11 @@ class GroupProducer:
         self.dropped_samples += len(group.trajectories)
         self.dropped_tokens += sum(len(vs) for vs in group.sampled_versions)
 
-    async def next_batch(self) -> tuple[list[Group], dict[str, float]]:
-        """The next prompts_per_step groups admissible for the current weights (blocks until they exist)."""
+    async def next_batch(self, trainer_version: int | None = None) -> tuple[list[Group], dict[str, float]]:
+        """The next prompts_per_step groups admissible for the weights they will train (`trainer_version`; default:
+        the engine's current version, which a one-process run's trainer holds) (blocks until they exist)."""
         t0 = time.perf_counter()
+        at = self.version() if trainer_version is None else trainer_version
         groups: list[Group] = []
         before = (self.dropped_groups, self.dropped_samples, self.dropped_tokens)
         fill = len(self._ready) / self.prompts_per_step
@@ -156,14 +159,14 @@ class GroupProducer:
                 if self._error is not None:
                     raise RuntimeError(f"a rollout group failed: {self._error!r}") from self._error
                 group = self._ready.pop(0)
-            if not within_staleness(group.oldest_version, self.version(), self.max_staleness):
+            if not within_staleness(group.oldest_version, at, self.max_staleness):
                 self._drop(group)
                 continue
             groups.append(group)
         before_groups, before_samples, before_tokens = before
         return groups, {
-            **staleness_metrics([self.version() - g.oldest_version for g in groups]),
-            **token_staleness_metrics([vs for g in groups for vs in g.sampled_versions], self.version()),
+            **staleness_metrics([at - g.oldest_version for g in groups]),
+            **token_staleness_metrics([vs for g in groups for vs in g.sampled_versions], at),
             "async/dropped_groups": float(self.dropped_groups - before_groups),
             "async/dropped_samples": float(self.dropped_samples - before_samples),
             "async/dropped_tokens": float(self.dropped_tokens - before_tokens),

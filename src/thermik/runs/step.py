@@ -6,8 +6,8 @@ The modes differ only in where each half runs and how weights travel, which a `S
 |---|---|---|---|
 | local (runs/local.py) | this process's engine (or the async producer) | this process's learner | into the engine |
 | Ray (runs/ray.py) | engine actors (or the async producer) | each trainer actor's learner | broadcast or files |
-| split trainer | read the orchestrator's batch | this process's learner | publish a weight file |
-| split orchestrator | admission, then the inference server | publish the batch | (at the next admission) |
+| split trainer | read the orchestrator's batch | this process's learner | publish weights (shm or file) |
+| split orchestrator | admission + the server (or the async producer) | publish the batch | loaded as published |
 """
 
 from __future__ import annotations
@@ -97,10 +97,13 @@ async def sample_rollout(ctx: RolloutContext, step: int) -> Rollout:
     return make_rollout(ctx, step, sampled, trajs, {**metrics, "time/generate": time.perf_counter() - t0})
 
 
-async def produced_rollout(ctx: RolloutContext, producer: GroupProducer, step: int) -> Rollout:
-    """Asynchronous training: the oldest admissible groups the producer made meanwhile, as this step's Rollout."""
+async def produced_rollout(
+    ctx: RolloutContext, producer: GroupProducer, step: int, trainer_version: int | None = None
+) -> Rollout:
+    """Asynchronous training: the oldest admissible groups the producer made meanwhile, as this step's Rollout
+    (`trainer_version`: the weights that train it, when the engine's are not: GroupProducer.next_batch)."""
     t0 = time.perf_counter()
-    groups, metrics = await producer.next_batch()
+    groups, metrics = await producer.next_batch(trainer_version)
     if ctx.rewards is not None:
         metrics |= ctx.rewards.take_unlogged()
     for group_id, group in enumerate(groups):
@@ -110,9 +113,10 @@ async def produced_rollout(ctx: RolloutContext, producer: GroupProducer, step: i
     return make_rollout(ctx, step, trajs, scored(trajs), {**metrics, "time/generate": time.perf_counter() - t0})
 
 
-def start_producer(ctx: RolloutContext) -> GroupProducer:
+def start_producer(ctx: RolloutContext, first_version: int | None = None) -> GroupProducer:
     """A GroupProducer that keeps generating groups on ctx.engine while the trainer trains (bounded staleness:
-    `max_staleness`), in every mode whose engine is an InferenceEngine here (local, Ray)."""
+    `max_staleness`), in every mode whose engine is an InferenceEngine here (local, Ray, the split orchestrator's
+    RemoteEngine); `first_version`: the weights that train its first batch (default: the engine's now)."""
     cfg = ctx.cfg
 
     async def rollout_group(row: dict[str, Any], index: int) -> list[Trajectory]:
@@ -130,7 +134,7 @@ def start_producer(ctx: RolloutContext) -> GroupProducer:
         lambda: ctx.engine.weight_version,
         stale=cfg.trainer.stale_groups,
     )
-    producer.start()
+    producer.start(first_version)
     return producer
 
 

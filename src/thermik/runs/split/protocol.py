@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from thermik.atomic import publish_dir as publish_atomic
 from thermik.atomic import remove_dir
+from thermik.runs.split.doorbell import Doorbell
 from thermik.training.batch import TokenBatch
 
 T = TypeVar("T")
@@ -87,7 +88,7 @@ def publish_dir(final: Path, write: Callable[[Path], None]) -> Path:
 
 
 def prune_steps(root: Path, below: int) -> None:
-    """Remove published step directories with step < below."""
+    """Remove published step directories with step < below (shared-memory segments stay: they are reused slots)."""
     for step in published_steps(root):
         if step < below:
             remove_dir(root / f"step_{step}")
@@ -114,10 +115,16 @@ class SplitTimeout(RuntimeError):
 
 
 async def wait_until(
-    ready: Callable[[], T | Awaitable[T | None] | None], timeout_s: float, poll_s: float, waiting_for: str, check: str
+    ready: Callable[[], T | Awaitable[T | None] | None],
+    timeout_s: float,
+    poll_s: float,
+    waiting_for: str,
+    check: str,
+    doorbell: Doorbell | None = None,
 ) -> T:
-    """Poll `ready()` (plain or async) until it returns something other than None; after timeout_s raise
-    SplitTimeout naming what was waited for and which process to check."""
+    """Look at `ready()` (plain or async) until it returns something other than None: again when `doorbell` rings
+    (the other process published something), at the latest every poll_s; after timeout_s raise SplitTimeout naming
+    what was waited for and which process to check."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = ready()
@@ -130,4 +137,7 @@ async def wait_until(
                 f"waited {timeout_s:g} s for {waiting_for}; check {check}, or raise split.wait_timeout_s if it is "
                 "only slow"
             )
-        await asyncio.sleep(poll_s)
+        if doorbell is None:
+            await asyncio.sleep(poll_s)
+        else:
+            await doorbell.wait(poll_s)
