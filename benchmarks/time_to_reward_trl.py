@@ -1,4 +1,4 @@
-"""Time to reward: wall time until held-out reward first reaches a target, thermik (sync, async) vs TRL GRPOTrainer.
+"""Time to reward: wall time until held-out reward first reaches targets, thermik (sync, async) vs TRL GRPOTrainer.
 
 All sides start from the same SFT checkpoint (a `thermik sft` output directory, loaded by TRL's side with
 transformers' `AutoModelForCausalLM`) and train on single-turn `reverse_text` prompts with the same reward, the same
@@ -12,11 +12,12 @@ Every `--eval-every` steps (and once before the first step, untimed) one scorer 
 weights are copied into one transformers model that samples the held-out problems (the `eval` split, the same rows
 for every side) with `generate` at temperature 1 from a fixed seed, scored by the reverse_text reward; the
 held-out reward is the mean. The clock runs from just before the first step (after each side's set-up) and stops
-while the scorer runs, on every side alike. A side stops at the first check that reaches `--target` or after
-`--steps` steps. Printed: per side the check curve, the time to target and the ratio of TRL's time over thermik's.
+while the scorer runs, on every side alike. A side stops at the first check that reaches the highest of `--targets`
+or after `--steps` steps. Printed: per side the check curve, and per target each side's time to reach it and the
+ratio of TRL's time over thermik's.
 
     bash examples/reverse_text/run.sh   # or only its SFT stage: builds runs/reverse-sft/model
-    python benchmarks/time_to_reward_trl.py --model runs/reverse-sft/model --target 0.55 --steps 60
+    python benchmarks/time_to_reward_trl.py --model runs/reverse-sft/model --targets 0.5 0.55 0.6 --steps 50
 
 Needs the `bench` extra (`pip install -e .[bench]`) for the TRL half.
 """
@@ -28,6 +29,7 @@ import asyncio
 import gc
 import tempfile
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from thermik.tasks.registry import generate_rows
 from thermik.tasks.reverse_text.env import reversal_reward
 
 SIDES = ("trl", "thermik-sync", "thermik-async")
+_NONE = nullcontext()
 
 
 class HeldOutScorer:
@@ -75,7 +78,7 @@ class Curve:
     """A side's held-out checks: (steps done, training wall seconds with the checks excluded, held-out reward)."""
 
     side: str
-    target: float
+    target: float  # the side stops at the first check that reaches it
     t0: float = 0.0
     paused: float = 0.0
     checks: list[tuple[int, float, float]] = field(default_factory=list)
@@ -83,18 +86,21 @@ class Curve:
     def start(self) -> None:
         self.t0, self.paused = time.perf_counter(), 0.0
 
-    def check(self, scorer: HeldOutScorer, step: int, weights: dict[str, torch.Tensor]) -> bool:
-        """Score the weights after `step` steps off the clock; True once the target is reached."""
+    def check(
+        self, scorer: HeldOutScorer, step: int, weights: dict[str, torch.Tensor], hold: AbstractContextManager = _NONE
+    ) -> bool:
+        """Score the weights after `step` steps off the clock, inside `hold`; True once the target is reached."""
         t_pause = time.perf_counter()
         elapsed = t_pause - self.t0 - self.paused if self.t0 else 0.0  # the check before the clock starts: 0 s
-        reward = scorer.score(weights)
+        with hold:
+            reward = scorer.score(weights)
         self.checks.append((step, elapsed, reward))
         print(f"  {self.side:<14} step {step:>3}  {elapsed:>7.1f} s  held-out reward {reward:.3f}", flush=True)
         self.paused += time.perf_counter() - t_pause
         return reward >= self.target
 
-    def time_to_target(self) -> float | None:
-        return next((s for step, s, r in self.checks if step > 0 and r >= self.target), None)
+    def time_to(self, target: float) -> float | None:
+        return next((s for step, s, r in self.checks if step > 0 and r >= target), None)
 
 
 def run_thermik(spec: BenchSpec, scorer: HeldOutScorer, curve: Curve, every: int, async_steps: int) -> Curve:
@@ -110,13 +116,17 @@ def run_thermik(spec: BenchSpec, scorer: HeldOutScorer, curve: Curve, every: int
     torch.set_num_threads(spec.threads)
     loop = asyncio.new_event_loop()
     mode = loop.run_until_complete(_local_mode(cfg))
+    # The engine decodes in its own thread, which would go on sampling the asynchronous producer's running requests
+    # while the clock is stopped: its model lock (held per scheduler iteration) keeps it still during each check.
+    engine_still = mode.rollout_ctx.engine._model_lock
     try:
         curve.check(scorer, 0, mode.learner.policy.state_dict())
         curve.start()
         loop.run_until_complete(mode.start())
         for step in range(spec.steps):
             loop.run_until_complete(mode.step(step))
-            if (step + 1) % every == 0 and curve.check(scorer, step + 1, mode.learner.policy.state_dict()):
+            weights = mode.learner.policy.state_dict()
+            if (step + 1) % every == 0 and curve.check(scorer, step + 1, weights, engine_still):
                 break
     finally:
         loop.run_until_complete(mode.stop())
@@ -168,28 +178,34 @@ def format_report(curves: list[Curve], spec: BenchSpec, args: argparse.Namespace
     lines = [
         f"reverse_text from {args.model}: {spec.prompts} prompts x {spec.group} per step, max {spec.max_tokens} "
         f"tokens, lr {spec.lr}, {spec.threads} threads; held-out: {args.eval_size} problems at T=1 every "
-        f"{args.eval_every} steps; target held-out reward {args.target}, budget {spec.steps} steps",
-        f"{'side':<14} {'start':>6} {'best':>6} {'steps':>6} {'s/step':>7} {'time to target':>15}",
+        f"{args.eval_every} steps; budget {spec.steps} steps",
+        f"{'side':<14} {'start':>6} {'best':>6} {'steps':>6} {'s/step':>7}"
+        + "".join(f" {'to ' + str(t):>10}" for t in args.targets),
     ]
-    times = {}
     for c in curves:
         start, best = c.checks[0][2], max(r for _, _, r in c.checks)
         last_step, last_s, _ = c.checks[-1]
-        reached = c.time_to_target()
-        times[c.side] = reached
-        shown = f"{reached:.1f} s" if reached is not None else f"> {last_s:.1f} s"
         s_step = last_s / last_step if last_step else float("nan")
-        lines.append(f"{c.side:<14} {start:>6.3f} {best:>6.3f} {last_step:>6} {s_step:>7.2f} {shown:>15}")
-    for side in SIDES[1:]:
-        if times.get("trl") and times.get(side):
-            lines.append(f"time to target, trl / {side}: {times['trl'] / times[side]:.2f}x")
+        reached = [c.time_to(t) for t in args.targets]
+        shown = "".join(f" {f'{s:.1f} s' if s is not None else f'>{last_s:.0f} s':>10}" for s in reached)
+        lines.append(f"{c.side:<14} {start:>6.3f} {best:>6.3f} {last_step:>6} {s_step:>7.2f}{shown}")
+    trl = next((c for c in curves if c.side == "trl"), None)
+    for c in curves:
+        if trl is None or c is trl:
+            continue
+        ratios = [(t, trl.time_to(t), c.time_to(t)) for t in args.targets]
+        shown = ", ".join(f"{t}: {a / b:.2f}x" if a and b else f"{t}: -" for t, a, b in ratios)
+        lines.append(f"time to held-out reward, trl / {c.side}: {shown}")
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, default=Path("runs/reverse-sft/model"), help="the SFT checkpoint")
-    p.add_argument("--target", type=float, default=0.55, help="held-out mean reward to reach")
+    p.add_argument(
+        "--targets", type=float, nargs="+", default=[0.5, 0.55, 0.6],
+        help="held-out mean rewards to time; a side stops at the highest",
+    )  # fmt: skip
     p.add_argument("--steps", type=int, default=60, help="step budget per side")
     p.add_argument("--prompts", type=int, default=32, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
@@ -223,7 +239,7 @@ def main(argv: list[str] | None = None) -> list[Curve]:
         )  # fmt: skip
         scorer = HeldOutScorer(spec.model_dir, args.eval_size, args.max_tokens, args.seed)
         for side in dict.fromkeys(args.sides):
-            curve = Curve(side, args.target)
+            curve = Curve(side, max(args.targets))
             if side == "trl":
                 curves.append(run_trl(spec, scorer, curve, args.eval_every))
             else:
