@@ -18,6 +18,7 @@ ratio of TRL's time over thermik's.
 
     bash examples/reverse_text/run.sh   # or only its SFT stage: builds runs/reverse-sft/model
     python benchmarks/time_to_reward_trl.py --model runs/reverse-sft/model --targets 0.5 0.55 0.6 --steps 50
+    # on a loaded machine add --threads 1: a two-thread OpenMP team stalls whenever one thread is preempted
 
 Needs the `bench` extra (`pip install -e .[bench]`) for the TRL half.
 """
