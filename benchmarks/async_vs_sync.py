@@ -116,10 +116,16 @@ def _summary(step_s: float, success: float, records: list[dict]) -> dict[str, fl
     def most(key: str) -> float:
         return max((r[key] for r in records if key in r), default=0.0)
 
+    def step_mean(*keys: str) -> float:  # per step after the first, the keys summed
+        steps = [r for r in records if "time/step" in r][1:]
+        return statistics.mean(sum(r.get(k, 0.0) for k in keys) for r in steps) if steps else 0.0
+
     dropped = sum(r.get("async/dropped_samples", 0.0) for r in records)
     trained = most("progress/samples")
     return {
         "step_s": step_s,
+        "rollout_s": step_mean("time/generate"),
+        "train_s": step_mean("time/train", "time/weight_sync"),
         "success": success,
         "reward": mean("reward/mean"),
         "staleness": mean("off_policy/staleness_mean"),
@@ -205,6 +211,23 @@ def print_table(args: argparse.Namespace, results: dict[str, dict[str, tuple[flo
             f"{r['staleness'][0]:>10.2f}/{r['staleness_max'][0]:<5.0f}{r['token_staleness'][0]:>13.2f}"
             f"{r['versions_per_sample'][0]:>10.0f}{r['dropped'][0]:>9.1%}"
         )
+    print_overlap_bound(results)
+
+
+def print_overlap_bound(results: dict[str, dict[str, tuple[float, float]]]) -> None:
+    """The synchronous run's halves, each measured alone (nothing overlaps them): a step that overlaps them perfectly,
+    with no contention for the cores, takes max(rollout, train + weight sync). How close each async row comes."""
+    sync = results["synchronous"]
+    rollout, train = sync["rollout_s"][0], sync["train_s"][0]
+    bound = max(rollout, train)
+    print(
+        f"overlap bound (synchronous run, per step, measured alone): rollout {rollout:.2f} s, train + weight sync "
+        f"{train:.2f} s, max {bound:.2f} s (sum {rollout + train:.2f} s; speed-up at the bound "
+        f"{sync['step_s'][0] / bound:.2f}x)"
+    )
+    for mode, r in results.items():
+        if mode != "synchronous":
+            print(f"  {mode}: {r['step_s'][0]:.2f} s/step = {bound / r['step_s'][0]:.1%} of the bound")
 
 
 if __name__ == "__main__":
