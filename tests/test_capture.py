@@ -309,9 +309,25 @@ def test_sdk_responses_function_calls_round_trip(scripted: Any, stream: bool, ch
         assert text_kinds == TEXT_EVENTS
         deltas = "".join(e.delta for e in last_events if e.type == "response.output_text.delta")
         assert deltas == "It is 5." == last_events[-1].response.output[0].content[0].text
+    _check_retrieval(capture, handle, [r for _, r in responses])
     traj = capture.close(handle.id)
     assert traj.num_turns == 2 and traj.continuations == []
     check_against_engine(traj, recording, slice(before, None))
+
+
+def _check_retrieval(capture: Capture, handle: EpisodeHandle, responses: list[Any]) -> None:
+    """`responses.retrieve` gives back each response of the episode as it was sent (by the episode's URL and by its
+    key on the plain routes); an unknown id, or one of another episode, is a 404."""
+    by_key = openai.OpenAI(base_url=f"{capture.url}/v1", api_key=handle.api_key, max_retries=0)
+    for client in (_client(handle), by_key):
+        assert [client.responses.retrieve(r.id) for r in responses] == responses
+    other = capture.open()
+    try:
+        for client, response_id in ((_client(handle), "resp_unknown"), (_client(other), responses[0].id)):
+            with pytest.raises(openai.NotFoundError, match="not one of this episode's"):
+                client.responses.retrieve(response_id)
+    finally:
+        capture.close(other.id)
 
 
 def test_edited_history_starts_a_second_sample(scripted: Any) -> None:
