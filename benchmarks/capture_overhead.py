@@ -4,10 +4,13 @@ to the engine) and by an openai SDK harness through the capture endpoint (thermi
 Each episode is a multi-turn chat: the model answers, the environment answers back with a user turn, for --turns
 turns. Both sides sample with the same seeds from the same embedded engine over the same model, so they sample the
 same tokens; the capture side adds the SDK, HTTP on loopback, the request parsing and the sample bookkeeping. All
---episodes run concurrently, as a rollout batch does. Rounds alternate the two sides so machine noise hits both
-alike; the median rollout wall time of each is reported, and their ratio (target: within 1.05). The agent loop
-re-tokenizes a turn whose text does not re-render to the same prefix (an untrained model's broken characters):
-it then starts a new sample, where capture keeps extending its tokens; the sample counts show how often.
+--episodes run concurrently, as a rollout batch does. Each round plays both sides back to back (their order
+alternating), so machine load hits both alike: the round's ratio (capture / agent loop wall time) is paired, and
+the median of the rounds' ratios is the result (target: within 1.05). The process CPU time per episode (all
+threads: the engine's, the server's, the SDK's) shows the capture's own cost apart from waiting on a loaded machine.
+The agent loop re-tokenizes a turn whose text does not re-render to the same prefix (an untrained model's broken
+characters): it then starts a new sample, where capture keeps extending its tokens; the sample counts show how
+often.
 
 Run: `python benchmarks/capture_overhead.py [--model DIR | --preset qwen2-1m] [--episodes 16] [--turns 4]
 [--tokens 24] [--rounds 5]`.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -92,7 +96,9 @@ async def main(args: argparse.Namespace) -> None:
     engine, tokenizer = load_engine(args.model, seed=0)
     chat = ChatTokenizer(tokenizer)
     times: dict[str, list[float]] = {"agent loop": [], "capture": []}
+    cpu: dict[str, list[float]] = {"agent loop": [], "capture": []}
     counts: dict[str, tuple[int, int]] = {}
+    load = os.getloadavg()[0]
     async with serve_capture(engine, tokenizer, "policy", max_model_len=2048) as capture:
         sides = {"agent loop": lambda s: agent_loop_side(engine, chat, args, s),
                  "capture": lambda s: capture_side(capture, args, s)}  # fmt: skip
@@ -101,18 +107,28 @@ async def main(args: argparse.Namespace) -> None:
         for r in range(args.rounds):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for name in order:
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 counts[name] = await sides[name](1 + r)
                 times[name].append(time.perf_counter() - start)
+                cpu[name].append((time.process_time() - start_cpu) / args.episodes)
     await engine.close()
-    median = {name: statistics.median(ts) for name, ts in times.items()}
-    print(f"{args.episodes} episodes x {args.turns} turns x <= {args.tokens} tokens, {args.rounds} rounds")
-    for name, t in median.items():
+    report(args, times, cpu, counts, (load, os.getloadavg()[0]))
+
+
+def report(args: argparse.Namespace, times: dict[str, list[float]], cpu: dict[str, list[float]],
+           counts: dict[str, tuple[int, int]], load: tuple[float, float]) -> None:  # fmt: skip
+    print(f"{args.episodes} episodes x {args.turns} turns x <= {args.tokens} tokens, {args.rounds} rounds, "
+          f"load average {load[0]:.1f} -> {load[1]:.1f}")  # fmt: skip
+    for name, ts in times.items():
         tokens, samples = counts[name]
-        print(
-            f"  {name:>10}: {t:.3f} s median rollout wall time (last round: {tokens} sampled tokens, {samples} samples)"
-        )
-    print(f"capture / agent loop = {median['capture'] / median['agent loop']:.3f} (target <= 1.05)")
+        print(f"  {name:>10}: {statistics.median(ts):.3f} s median rollout wall time, "
+              f"{1000 * statistics.median(cpu[name]):.1f} ms process CPU per episode "
+              f"(last round: {tokens} sampled tokens, {samples} samples)")  # fmt: skip
+    ratios = [c / a for c, a in zip(times["capture"], times["agent loop"], strict=True)]
+    cpu_ratio = statistics.median(cpu["capture"]) / statistics.median(cpu["agent loop"])
+    print(f"rounds' capture / agent loop: {' '.join(f'{r:.3f}' for r in ratios)}")
+    print(f"capture / agent loop = {statistics.median(ratios):.3f} median of the rounds (target <= 1.05); "
+          f"process CPU {cpu_ratio:.3f}")  # fmt: skip
 
 
 def parse() -> argparse.Namespace:
