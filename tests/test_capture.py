@@ -220,9 +220,11 @@ def test_streamed_tool_calls_arrive_as_openai_streams_them(scripted: Any) -> Non
     assert recorded[0] == recorded[1]
     plain, streamed = replies
     assert streamed.content == plain.content == "Adding."
-    assert [(c.function.name, c.function.arguments) for c in streamed.tool_calls] == [
-        (c.function.name, c.function.arguments) for c in plain.tool_calls
-    ] == [("add", '{"a": 1234, "b": 5678}'), ("add", '{"a": 9, "b": 10}')]
+    assert (
+        [(c.function.name, c.function.arguments) for c in streamed.tool_calls]
+        == [(c.function.name, c.function.arguments) for c in plain.tool_calls]
+        == [("add", '{"a": 1234, "b": 5678}'), ("add", '{"a": 9, "b": 10}')]
+    )
     pieces = [t for d in deltas for t in d.tool_calls or ()]
     for index, call in enumerate(streamed.tool_calls):
         opening, *rest = [t for t in pieces if t.index == index]
@@ -230,7 +232,9 @@ def test_streamed_tool_calls_arrive_as_openai_streams_them(scripted: Any) -> Non
             call.id, "function", "add", "")  # fmt: skip
         assert len(rest) > 1 and all(t.id is None and not t.function.name for t in rest)
         assert "".join(t.function.arguments for t in rest) == call.function.arguments
-    assert accumulated_calls(pieces) == [c.model_dump(exclude_none=True, exclude={"index"}) for c in streamed.tool_calls]
+    assert accumulated_calls(pieces) == [
+        c.model_dump(exclude_none=True, exclude={"index"}) for c in streamed.tool_calls
+    ]
 
 
 def test_real_engine_chat_turns_streamed_and_not(real: Any) -> None:
