@@ -5,11 +5,11 @@ inference` server and runs the harness beside it. The Ray mode's run is in tests
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 from conftest import run_thermik, short_rl_config
+from serving import free_port
 
 from thermik.config import dump_toml
 
@@ -27,15 +27,9 @@ def agent_steps(metrics: Path) -> list[dict]:
     return steps
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_a_harness_trains_in_the_split_mode(tmp_path: Path, tiny_model_dir: Path) -> None:
-    port = _free_port()
+    port = free_port()
     cfg = short_rl_config(
         tmp_path, tiny_model_dir, "split", "reverse_text", train_rows=8, eval_rows=2,
         trainer={"steps": 2, "prompts_per_step": 2, "group_size": 2}, eval={"before": False},
