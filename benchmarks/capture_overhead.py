@@ -1,13 +1,20 @@
 """What capture costs: the same episodes played by thermik's own agent loop (rollout/agent_loop.py, token ids straight
-to the engine) and by an openai SDK harness through the capture endpoint (thermik.capture), in one process.
+to the engine) and by an openai SDK harness through the capture endpoint (thermik.capture), in one run.
 
-Each episode is a multi-turn chat: the model answers, the environment answers back with a user turn, for --turns
-turns. Both sides sample with the same seeds from the same embedded engine over the same model, so they sample the
-same tokens; the capture side adds the SDK, HTTP on loopback, the request parsing and the sample bookkeeping. All
---episodes run concurrently, as a rollout batch does. Rounds alternate the two sides so machine noise hits both
-alike; the median rollout wall time of each is reported, and their ratio (target: within 1.05). The agent loop
-re-tokenizes a turn whose text does not re-render to the same prefix (an untrained model's broken characters):
-it then starts a new sample, where capture keeps extending its tokens; the sample counts show how often.
+Each episode is a multi-turn chat: the model answers, the environment answers back with a user turn, for up to
+--turns turns (a reply cut at --tokens ends the episode on both sides). Both sides sample with the same seeds from
+the same embedded engine over the same model. The capture side's harnesses run in a process of their own, as thermik
+runs a harness (agent.command, agent.entrypoint), all episodes at once over one SDK connection pool; this process
+serves their endpoints (HTTP on loopback, request parsing, the prompt from the recorded tokens, the sample
+bookkeeping) in the rollout's event loop. All --episodes run concurrently, as a rollout batch does.
+
+Each round plays both sides back to back, their order alternating, so machine load hits both alike: the round's
+ratio (capture / agent loop wall time) is paired, and the median of the rounds' ratios is the result (target: within
+1.05). CPU time per episode, this process's (engine, agent loop or endpoint) and the harness process's, shows the
+cost apart from waiting on a loaded machine. The agent loop re-tokenizes a turn whose text does not re-render to the
+same prefix (an untrained model's broken characters): it then starts a new sample, where capture keeps extending its
+tokens; the sample counts show how often. An untrained --preset model never ends a turn itself, so its eos row is
+tilted first (--eos-scale, see `ending_turns`) to make the episodes multi-turn.
 
 Run: `python benchmarks/capture_overhead.py [--model DIR | --preset qwen2-1m] [--episodes 16] [--turns 4]
 [--tokens 24] [--rounds 5]`.
@@ -17,9 +24,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
+import os
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +43,6 @@ from thermik.inference.server.run import load_engine
 from thermik.models.chat import ChatTokenizer
 from thermik.models.presets import init_model
 from thermik.rollout.agent_loop import LoopLimits, run_episode
-from thermik.rollout.trajectory import Trajectory
 
 SEED_STRIDE = 7919  # the agent loop's per-turn seed offset (seed + 7919 * turn)
 
@@ -53,66 +63,146 @@ def prompt(i: int) -> list[dict[str, str]]:
     return [{"role": "system", "content": "You are brief."}, {"role": "user", "content": f"Tell me about {i}."}]
 
 
-async def agent_loop_side(engine: Any, chat: ChatTokenizer, args: argparse.Namespace, seed: int) -> tuple[int, int]:
-    """(sampled tokens, samples) of the batch."""
+async def agent_loop_side(
+    engine: Any, chat: ChatTokenizer, args: argparse.Namespace, seed: int
+) -> tuple[int, int, float]:
+    """(sampled tokens, samples, 0: no harness process) of the batch."""
     limits = LoopLimits(max_turns=args.turns, max_input_length=1536, max_generate_length=args.tokens,
                         max_sequence_length=2048)  # fmt: skip
     trajs = await asyncio.gather(*(
         run_episode(engine, ChatEnv(args.turns), chat, prompt(i), limits, SamplingConfig(), seed=seed + 1000 * i)
         for i in range(args.episodes)
     ))  # fmt: skip
-    return sum(t.num_generated_tokens for t in trajs), sum(len(t.samples) for t in trajs)
+    return sum(t.num_generated_tokens for t in trajs), sum(len(t.samples) for t in trajs), 0.0
 
 
-async def harness(sdk: openai.AsyncOpenAI, capture: Capture, args: argparse.Namespace, i: int, seed: int) -> Trajectory:
+async def play(sdk: openai.AsyncOpenAI, client: dict[str, str], i: int, seed: int, turns: int, tokens: int) -> None:
     """One episode as a user's harness plays it: the openai SDK's chat loop against the episode's base URL."""
-    handle = capture.open()
-    client = sdk.with_options(base_url=handle.base_url, api_key=handle.api_key)
-    env, messages = ChatEnv(args.turns), prompt(i)
-    for turn in range(args.turns):
-        reply = await client.chat.completions.create(model=handle.model, messages=messages, max_tokens=args.tokens,
-                                                     seed=seed + SEED_STRIDE * turn)  # fmt: skip
+    api = sdk.with_options(base_url=client["base_url"], api_key=client["api_key"])
+    env, messages = ChatEnv(turns), prompt(i)
+    for turn in range(turns):
+        reply = await api.chat.completions.create(model=client["model"], messages=messages, max_tokens=tokens,
+                                                  seed=seed + SEED_STRIDE * turn)  # fmt: skip
         text = reply.choices[0].message.content or ""
         out = env.step(text)
         if out.done or reply.choices[0].finish_reason != "stop":
             break
         messages = [*messages, {"role": "assistant", "content": text}, *out.observations]
-    return capture.close(handle.id)
 
 
-async def capture_side(capture: Capture, args: argparse.Namespace, seed: int) -> tuple[int, int]:
-    """The episodes' SDK clients share one connection pool: building an SDK client (its TLS context, ~80 ms on a
-    loaded 2-core machine) is the harness's cost, not the endpoint's."""
-    async with openai.AsyncOpenAI(base_url=capture.url, api_key="unused", max_retries=0) as sdk:
-        trajs = await asyncio.gather(*(harness(sdk, capture, args, i, seed + 1000 * i) for i in range(args.episodes)))
-    return sum(t.num_generated_tokens for t in trajs), sum(len(t.samples) for t in trajs)
+def harness_worker(conn: Connection) -> None:
+    """The harness process: plays each batch of episodes it is sent, concurrently, and answers its CPU seconds.
+    Its SDK clients share one connection pool (an SDK client's TLS context is the harness's cost)."""
+
+    async def serve() -> None:
+        async with openai.AsyncOpenAI(base_url="http://127.0.0.1", api_key="unused", max_retries=0) as sdk:
+            while (batch := conn.recv()) is not None:
+                start = time.process_time()
+                await asyncio.gather(*(play(sdk, *episode) for episode in batch))
+                conn.send(time.process_time() - start)
+
+    asyncio.run(serve())
+
+
+class HarnessProcess:
+    """The harnesses in a process of their own, as thermik runs them (agent.command and agent.entrypoint run beside
+    the rollout, never in its process): this process does the endpoint's work, not the SDK's."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=harness_worker, args=(child,), daemon=True)
+        self.process.start()
+
+    async def play(self, batch: list[tuple[Any, ...]]) -> float:
+        """The harness process's CPU seconds for the batch."""
+        self.conn.send(batch)
+        return await asyncio.to_thread(self.conn.recv)
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join(timeout=30)
+
+
+async def capture_side(
+    harnesses: HarnessProcess, capture: Capture, args: argparse.Namespace, seed: int
+) -> tuple[int, int, float]:
+    """(sampled tokens, samples, the harness process's CPU seconds) of the batch."""
+    handles = [capture.open() for _ in range(args.episodes)]
+    batch = [(h.client_config(), i, seed + 1000 * i, args.turns, args.tokens) for i, h in enumerate(handles)]
+    harness_cpu = await harnesses.play(batch)
+    trajs = [capture.close(h.id) for h in handles]
+    return sum(t.num_generated_tokens for t in trajs), sum(len(t.samples) for t in trajs), harness_cpu
+
+
+Side = Callable[[int], Awaitable[tuple[int, int, float]]]
 
 
 async def main(args: argparse.Namespace) -> None:
-    engine, tokenizer = load_engine(args.model, seed=0)
+    engine, tokenizer = load_engine(args.model, seed=0, num_threads=args.threads)
     chat = ChatTokenizer(tokenizer)
-    times: dict[str, list[float]] = {"agent loop": [], "capture": []}
-    counts: dict[str, tuple[int, int]] = {}
+    harnesses = HarnessProcess()
+    load = os.getloadavg()[0]
     async with serve_capture(engine, tokenizer, "policy", max_model_len=2048) as capture:
-        sides = {"agent loop": lambda s: agent_loop_side(engine, chat, args, s),
-                 "capture": lambda s: capture_side(capture, args, s)}  # fmt: skip
-        for side in sides.values():  # warm-up: first-call costs (template probe, kernels, connections)
-            await side(0)
-        for r in range(args.rounds):
-            order = list(sides) if r % 2 == 0 else list(reversed(sides))
-            for name in order:
-                start = time.perf_counter()
-                counts[name] = await sides[name](1 + r)
-                times[name].append(time.perf_counter() - start)
+        sides: dict[str, Side] = {"agent loop": lambda s: agent_loop_side(engine, chat, args, s),
+                                  "capture": lambda s: capture_side(harnesses, capture, args, s)}  # fmt: skip
+        rounds = await play_rounds(sides, args)
+    harnesses.close()
     await engine.close()
-    median = {name: statistics.median(ts) for name, ts in times.items()}
-    print(f"{args.episodes} episodes x {args.turns} turns x <= {args.tokens} tokens, {args.rounds} rounds")
-    for name, t in median.items():
-        tokens, samples = counts[name]
-        print(
-            f"  {name:>10}: {t:.3f} s median rollout wall time (last round: {tokens} sampled tokens, {samples} samples)"
-        )
-    print(f"capture / agent loop = {median['capture'] / median['agent loop']:.3f} (target <= 1.05)")
+    report(args, rounds, (load, os.getloadavg()[0]))
+
+
+async def play_rounds(sides: dict[str, Side], args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
+    """Per side, each round's wall time; CPU per episode of this process, of its event loop's thread (the agent
+    loop's or the endpoint's own work, not the engine's) and of the harness process; the counts."""
+    for side in sides.values():  # warm-up: first-call costs (template probe, kernels, connections)
+        await side(0)
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
+    for r in range(args.rounds):
+        for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
+            start, start_cpu, start_loop = time.perf_counter(), time.process_time(), time.thread_time()
+            tokens, samples, harness_cpu = await sides[name](1 + r)
+            rounds[name].append({"wall": time.perf_counter() - start, "tokens": tokens, "samples": samples,
+                                 "cpu": (time.process_time() - start_cpu) / args.episodes,
+                                 "loop_cpu": (time.thread_time() - start_loop) / args.episodes,
+                                 "harness_cpu": harness_cpu / args.episodes})  # fmt: skip
+    return rounds
+
+
+def report(args: argparse.Namespace, rounds: dict[str, list[dict[str, float]]], load: tuple[float, float]) -> None:
+    print(f"{args.episodes} episodes x <= {args.turns} turns x <= {args.tokens} tokens, {args.rounds} rounds, "
+          f"load average {load[0]:.1f} -> {load[1]:.1f}")  # fmt: skip
+    median = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in rounds.items()}
+    for name, m in median.items():
+        harness = f", harness process {1000 * m['harness_cpu']:.1f} ms" if m["harness_cpu"] else ""
+        print(f"  {name:>10}: {m['wall']:.3f} s rollout wall time; CPU per episode: this process "
+              f"{1000 * m['cpu']:.1f} ms, its event loop {1000 * m['loop_cpu']:.1f} ms{harness} "
+              f"(medians; {m['tokens']:.0f} sampled tokens, {m['samples']:.0f} samples)")  # fmt: skip
+    ratios = [c["wall"] / a["wall"] for c, a in zip(rounds["capture"], rounds["agent loop"], strict=True)]
+    print(f"rounds' capture / agent loop: {' '.join(f'{r:.3f}' for r in ratios)}")
+    cpu_ratio = median["capture"]["cpu"] / median["agent loop"]["cpu"]
+    endpoint = (median["capture"]["loop_cpu"] - median["agent loop"]["loop_cpu"]) / median["agent loop"]["cpu"]
+    print(f"capture / agent loop = {statistics.median(ratios):.3f} median of the rounds (target <= 1.05); "
+          f"this process's CPU {cpu_ratio:.3f}; the endpoint's extra event-loop CPU is {100 * endpoint:.1f} % of "
+          "the agent loop side's process CPU")  # fmt: skip
+
+
+def ending_turns(model_dir: Path, eos_scale: float) -> None:
+    """Make an untrained model end its turns: its eos row (tied to the embedding) is pointed along the mean of its
+    final hidden states, so eos gets a logit of about `eos_scale` x 1.9 where others have a spread of ~1.1: most turns
+    end by eos within --tokens, and episodes run several turns (an untrained model would fill every turn to its
+    limit, and a length cut ends the episode)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    eos = int(model.config.eos_token_id)
+    ids = torch.randint(0, model.config.vocab_size, (8, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states[-1].reshape(-1, model.config.hidden_size)
+        direction = hidden.mean(0) / hidden.mean(0).norm()
+        model.get_output_embeddings().weight[eos] = eos_scale * direction
+    model.save_pretrained(model_dir)
 
 
 def parse() -> argparse.Namespace:
@@ -123,6 +213,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="the engine's threads (0: all cores); one keeps a "
+                        "loaded machine from stalling its kernels' threads")  # fmt: skip
+    parser.add_argument("--eos-scale", type=float, default=2.0, help="with --preset: how soon turns end (0: never)")
     return parser.parse_args()
 
 
@@ -130,4 +223,6 @@ if __name__ == "__main__":
     arguments = parse()
     if arguments.model is None:
         arguments.model = init_model(arguments.preset, Path(tempfile.mkdtemp()) / arguments.preset, seed=0)
+        if arguments.eos_scale:
+            ending_turns(arguments.model, arguments.eos_scale)
     asyncio.run(main(arguments))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -17,6 +18,13 @@ import uvicorn
 from conftest import cli_env, thermik_argv
 
 from thermik.inference.server.run import load_engine
+
+
+def free_port() -> int:
+    """A loopback port free now (for a server whose port must be known before it starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def embedded_engine(model_dir: Path, seed: int = 0) -> tuple[Any, Any]:

@@ -140,6 +140,18 @@ def check_against_engine(traj: Trajectory, recording: Recording, calls: slice) -
         assert sum(sample.loss_mask) == sum(e - s for s, e, _ in sample.turn_spans)
 
 
+def accumulated_calls(deltas: list[Any]) -> list[dict[str, Any]]:
+    """Streamed tool-call deltas joined as a client joins them: by index, the id and name from the first, the
+    arguments concatenated."""
+    calls: dict[int, dict[str, Any]] = {}
+    for t in deltas:
+        call = calls.setdefault(t.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        call["id"] = t.id or call["id"]
+        call["function"]["name"] += (t.function and t.function.name) or ""
+        call["function"]["arguments"] += (t.function and t.function.arguments) or ""
+    return [calls[i] for i in sorted(calls)]
+
+
 def _tool_loop(client: openai.OpenAI, model: str, stream: bool) -> list[dict[str, Any]]:
     """The SDK tool loop every harness runs: call the model, run the tools it asks for, until it answers."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2+3?"}]
@@ -149,19 +161,8 @@ def _tool_loop(client: openai.OpenAI, model: str, stream: bool) -> list[dict[str
                                                          stream_options={"include_usage": True}))  # fmt: skip
             assert chunks[-1].usage is not None and chunks[-1].choices == []
             content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            calls = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or ()]
-            message = {
-                "role": "assistant",
-                "content": content or None,
-                "tool_calls": [
-                    {
-                        "id": t.id,
-                        "type": "function",
-                        "function": {"name": t.function.name, "arguments": t.function.arguments},
-                    }
-                    for t in calls
-                ],
-            }
+            calls = accumulated_calls([t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or ()])
+            message = {"role": "assistant", "content": content or None, "tool_calls": calls}
         else:
             reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS)
             message = reply.choices[0].message.model_dump(exclude_none=True)
@@ -193,6 +194,47 @@ def test_sdk_chat_tool_loop_is_one_token_exact_sample(scripted: Any, stream: boo
     _, end, obs_end = traj.turn_spans[0]
     observation = capture.chat.tokenizer.decode(traj.response_ids[end:obs_end])
     assert "5" in observation and "add" not in observation
+
+
+def test_streamed_tool_calls_arrive_as_openai_streams_them(scripted: Any) -> None:
+    """Each call: a chunk with its id and name (arguments ""), then its arguments in pieces; the SDK's stream helper
+    accumulates the same calls as the unstreamed reply, and the episode records the same tokens either way."""
+    capture, recording, engine, _ = scripted
+    script = "Adding.\n" + format_hermes_tool_call("add", {"a": 1234, "b": 5678}) + "\n"
+    engine.scripts = [script + format_hermes_tool_call("add", {"a": 9, "b": 10})]
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": "Add them."}], "tools": TOOLS}
+    recorded, replies = [], []
+    for stream in (False, True):
+        handle = capture.open()
+        before = len(recording.calls)
+        client = _client(handle)
+        if stream:
+            with client.chat.completions.stream(**kw) as events:
+                deltas = [e.chunk.choices[0].delta for e in events if e.type == "chunk" and e.chunk.choices]
+                replies.append(events.get_final_completion().choices[0].message)
+        else:
+            replies.append(client.chat.completions.create(**kw).choices[0].message)
+        traj = capture.close(handle.id)
+        check_against_engine(traj, recording, slice(before, None))
+        recorded.append((traj.prompt_ids, traj.response_ids, traj.rollout_logprobs))
+    assert recorded[0] == recorded[1]
+    plain, streamed = replies
+    assert streamed.content == plain.content == "Adding."
+    assert (
+        [(c.function.name, c.function.arguments) for c in streamed.tool_calls]
+        == [(c.function.name, c.function.arguments) for c in plain.tool_calls]
+        == [("add", '{"a": 1234, "b": 5678}'), ("add", '{"a": 9, "b": 10}')]
+    )
+    pieces = [t for d in deltas for t in d.tool_calls or ()]
+    for index, call in enumerate(streamed.tool_calls):
+        opening, *rest = [t for t in pieces if t.index == index]
+        assert (opening.id, opening.type, opening.function.name, opening.function.arguments) == (
+            call.id, "function", "add", "")  # fmt: skip
+        assert len(rest) > 1 and all(t.id is None and not t.function.name for t in rest)
+        assert "".join(t.function.arguments for t in rest) == call.function.arguments
+    assert accumulated_calls(pieces) == [
+        c.model_dump(exclude_none=True, exclude={"index"}) for c in streamed.tool_calls
+    ]
 
 
 def test_real_engine_chat_turns_streamed_and_not(real: Any) -> None:
@@ -271,9 +313,25 @@ def test_sdk_responses_function_calls_round_trip(scripted: Any, stream: bool, ch
         assert text_kinds == TEXT_EVENTS
         deltas = "".join(e.delta for e in last_events if e.type == "response.output_text.delta")
         assert deltas == "It is 5." == last_events[-1].response.output[0].content[0].text
+    _check_retrieval(capture, handle, [r for _, r in responses])
     traj = capture.close(handle.id)
     assert traj.num_turns == 2 and traj.continuations == []
     check_against_engine(traj, recording, slice(before, None))
+
+
+def _check_retrieval(capture: Capture, handle: EpisodeHandle, responses: list[Any]) -> None:
+    """`responses.retrieve` gives back each response of the episode as it was sent (by the episode's URL and by its
+    key on the plain routes); an unknown id, or one of another episode, is a 404."""
+    by_key = openai.OpenAI(base_url=f"{capture.url}/v1", api_key=handle.api_key, max_retries=0)
+    for client in (_client(handle), by_key):
+        assert [client.responses.retrieve(r.id) for r in responses] == responses
+    other = capture.open()
+    try:
+        for client, response_id in ((_client(handle), "resp_unknown"), (_client(other), responses[0].id)):
+            with pytest.raises(openai.NotFoundError, match="not one of this episode's"):
+                client.responses.retrieve(response_id)
+    finally:
+        capture.close(other.id)
 
 
 def test_edited_history_starts_a_second_sample(scripted: Any) -> None:

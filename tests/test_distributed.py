@@ -21,6 +21,7 @@ pytest.importorskip("ray")
 import ray
 
 from tests.conftest import short_rl_config
+from tests.test_agent_modes import AGENT, agent_steps
 from tests.test_algorithms_rl import letter_env, stopping_model_dir  # noqa: F401  (fixtures, used by name)
 from tests.test_distributed_sharding import make_batch
 from thermik.assembly import components
@@ -332,3 +333,19 @@ def test_thermik_rl_on_ray_trains_checkpoints_resumes_and_exports(
     exported = AutoModelForCausalLM.from_pretrained(cfg.run_dir / "export", local_files_only=True)
     base = AutoModelForCausalLM.from_pretrained(stopping_model_dir, local_files_only=True)
     assert max_diff(exported.state_dict(), base.state_dict()) > 0
+
+
+@pytest.mark.slow
+def test_an_agent_harness_trains_on_ray(ray_cluster: Any, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`[agent]` on Ray: the driver serves each episode's capture endpoint over the engine actors' pool and runs
+    the harness (the openai SDK tool loop, agent.entrypoint) beside it; its episodes train the workers."""
+    dist = {"enabled": True, "num_trainers": 1, "num_engines": 1, "cpus_per_actor": 0.1}
+    cfg = short_rl_config(
+        tmp_path, tiny_model_dir, "ray-agent", "reverse_text", train_rows=8, eval_rows=2,
+        trainer={"steps": 2, "prompts_per_step": 2, "group_size": 2}, eval={"before": False},
+        rollout={"max_generate_length": 8, "max_input_length": 384, "max_sequence_length": 420},
+        agent=AGENT, distributed=dist, monitor={"progress": False, "save_trajectories_every": 0},
+    )  # fmt: skip
+    ray_rl.run_rl(cfg)
+    steps = agent_steps(cfg.run_dir / "metrics.jsonl")
+    assert [s["step"] for s in steps] == [1, 2] and [s["weights/version"] for s in steps] == [1.0, 2.0]

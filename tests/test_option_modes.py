@@ -48,6 +48,8 @@ EFFECTS: dict[tuple[str, str], Callable[[RunConfig, str], None] | str] = {
     ("inference.backend", "local"): "test_remote_engine.py::test_rl_steps_through_a_thermik_inference_server",
     ("inference.backend", "ray"): "test_remote_engine.py::test_update_weights_pushes_a_state_dict_through_safetensors",
     ("agent.command", "local"): "test_agent_harnesses.py::test_a_real_harness_runs_eval_and_three_rl_steps",
+    ("agent.command", "ray"): "test_distributed.py::test_an_agent_harness_trains_on_ray",
+    ("agent.command", "split"): "test_agent_modes.py::test_a_harness_trains_in_the_split_mode",
 }
 CELLS = [(rule, mode) for rule in OPTION_RULES for mode in MODES]
 

@@ -16,20 +16,15 @@ import psutil
 import pytest
 from conftest import cli_env, run_thermik, short_rl_config, thermik_argv
 from orphans import left_after_kill
+from serving import free_port
 
 from thermik.config import dump_toml
 from thermik.runs.split.protocol import SplitLayout, published_steps
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_killing_the_trainer_stops_all_three_naming_it(tmp_path: Path, tiny_model_dir: Path) -> None:
-    port = _free_port()
+    port = free_port()
     cfg = short_rl_config(
         tmp_path, tiny_model_dir, "split", "reverse_text", train_rows=32, eval_rows=2,
         trainer={"steps": 3, "prompts_per_step": 2, "group_size": 4}, algorithm={"entropy_coef": 0.01},
@@ -94,7 +89,7 @@ def _split_config(tmp_path: Path, model_dir: Path, port: int, steps: int = 3) ->
 def test_a_killed_launcher_leaves_nothing_running(tmp_path: Path, tiny_model_dir: Path) -> None:
     """`kill -9` of the launcher mid-run: the server, the trainer and the orchestrator are gone within 10 s (what
     they start goes with them: tests/test_lifetime.py), and the server's port is free again."""
-    port = _free_port()
+    port = free_port()
     config = _split_config(tmp_path, tiny_model_dir, port, steps=50)
     log = tmp_path / "launcher.log"
     launcher = subprocess.Popen(
@@ -150,9 +145,9 @@ def test_a_taken_port_is_named_before_anything_starts(tmp_path: Path, tiny_model
 def test_a_base_url_that_misses_the_server_is_named_before_anything_starts(tmp_path: Path, tiny_model_dir: Path):
     """inference.base_url on another port than server.port: the orchestrator would wait for a server that is not
     there; the launcher refuses it in one line instead."""
-    port = _free_port()
+    port = free_port()
     config = _split_config(tmp_path, tiny_model_dir, port)
-    result = run_thermik("rl", "@", str(config), "--split", "--server.port", str(_free_port()), timeout=300)
+    result = run_thermik("rl", "@", str(config), "--split", "--server.port", str(free_port()), timeout=300)
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert "does not reach the server this run starts on server.port" in result.stderr, result.stderr

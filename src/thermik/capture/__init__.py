@@ -4,7 +4,8 @@ The server that serves the policy (the inference app over any `InferenceEngine`)
 OpenAI-compatible base URL, `/episodes/{id}/v1`, and an API key that also works on the plain `/v1` routes (for
 harnesses whose base URL is fixed). Served there: `chat/completions` (tools, `tool_choice`, `parallel_tool_calls`,
 `stop`, `stream` + `stream_options.include_usage`, `max_completion_tokens`), `completions`, `responses` (input items,
-`instructions`, flat function tools, `function_call_output`, `previous_response_id`, `stream`) and `models`.
+`instructions`, flat function tools, `function_call_output`, `previous_response_id`, `stream`), `GET
+responses/{response_id}` (a response of the episode) and `models`.
 
 Public interface (stable):
 

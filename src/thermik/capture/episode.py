@@ -78,6 +78,7 @@ class Episode:
         self.reward: float | None = None  # posted to the episode's reward URL: on the last sampled token at close
         self.reward_metrics: dict[str, float] = {}
         self.responses: dict[str, list[Message]] = {}  # Responses API: id -> its conversation (previous_response_id)
+        self.response_objects: dict[str, dict[str, Any]] = {}  # id -> the Response (GET /responses/{id})
         self._last: tuple[str, _Mark] | None = None  # the previous turn's request fingerprint and the state before it
         self._mark: _Mark | None = None  # the running turn's start, until its reply is recorded
         self._pending: list[Message] = []

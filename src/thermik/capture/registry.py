@@ -109,6 +109,12 @@ class Capture:
         return self._keys.get(key)
 
 
+KEEP_ALIVE_S = 75
+"""How long the server keeps an idle connection: longer than clients keep theirs (httpx: 5 s), so a harness idle
+between turns (a slow tool) drops its pooled connection first, rather than sending on one the server has just
+closed (a connection error to an SDK client without retries)."""
+
+
 @contextlib.asynccontextmanager
 async def serve_capture(
     engine: InferenceEngine, tokenizer: Any, model_name: str, max_model_len: int, host: str = "127.0.0.1", port: int = 0
@@ -123,7 +129,9 @@ async def serve_capture(
 
     app = build_app(engine, tokenizer, model_name, max_model_len=max_model_len)
     capture = Capture.over(app)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                            timeout_keep_alive=KEEP_ALIVE_S)  # fmt: skip
+    server = uvicorn.Server(config)
     task = asyncio.get_running_loop().create_task(server.serve())
     while not server.started:
         if task.done():

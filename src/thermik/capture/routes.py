@@ -45,6 +45,7 @@ Body = TypeVar("Body", bound=BaseModel)
 ROUTES = frozenset({*(f"/v1/{r}" for r in ("chat/completions", "completions", "responses", "models")),
                     "/inference/v1/generate"})  # fmt: skip
 """Plain routes an episode key sends to the episode's own."""
+RETRIEVED = "/v1/responses/"  # GET /v1/responses/{id}: routed by an episode key too
 
 
 async def read_body(request: Request, model: type[Body]) -> tuple[Body, str]:
@@ -178,7 +179,9 @@ class CaptureRoutes:
             episode.record(choice, reply_message)
             episode.responses[response_id] = [*conversation, reply_message]
             output = output_items(content, calls, message_id)
-            return response_object(body, response_id, self.server.model_name, output, choice)
+            response = response_object(body, response_id, self.server.model_name, output, choice)
+            episode.response_objects[response_id] = response
+            return response
 
         async def reply() -> Any:
             sampled = self._sampling(episode, chat, session_id=episode.id)
@@ -197,6 +200,14 @@ class CaptureRoutes:
 
         tools = chat.tools and [t.model_dump(exclude_none=True) for t in chat.tools]
         return await self._turn(episode, [*system, *conversation], tools, fingerprint, _is_retry(request), reply)
+
+    async def retrieve_response(self, episode_id: str, response_id: str) -> dict[str, Any]:
+        """`GET /responses/{id}`: a response this episode made (after a budget ended it too); 404 for any other."""
+        episode = self.capture.episode(episode_id, finished_too=True)
+        response = episode.response_objects.get(response_id)
+        if response is None:
+            raise ApiError(404, f"response {response_id!r} is not one of this episode's", None, "response_not_found")
+        return response
 
     async def generate(self, episode_id: str, request: Request) -> dict[str, Any]:
         """vLLM's token-in `/inference/v1/generate` (verifiers' and prime-rl's training clients render the prompt
@@ -245,6 +256,7 @@ def mount(app: FastAPI, routes: CaptureRoutes) -> None:
     app.post(f"{base}/chat/completions")(routes.chat)
     app.post(f"{base}/completions")(routes.completions)
     app.post(f"{base}/responses")(routes.responses)
+    app.get(f"{base}/responses/{{response_id}}")(routes.retrieve_response)
     app.get(f"{base}/models")(routes.models)
     app.post("/episodes/{episode_id}/reward")(routes.reward)
     app.post("/episodes/{episode_id}/inference/v1/generate")(routes.generate)
@@ -258,7 +270,7 @@ class EpisodeKeyRouter:
         self.app, self.capture = app, capture
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] in ROUTES:
+        if scope["type"] == "http" and (scope["path"] in ROUTES or scope["path"].startswith(RETRIEVED)):
             headers = dict(scope.get("headers") or [])
             scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
             episode_id = self.capture.id_of_key(token.strip()) if scheme.lower() == "bearer" else None

@@ -73,12 +73,10 @@ OPTION_RULES: tuple[OptionRule, ...] = (
     ),
     OptionRule(
         "agent.command", "python my_agent.py", lambda c: c.agent.enabled,
-        runs={"local": "agents/episode.py (a capture endpoint over the run's engine, in the rollout's event loop)"},
-        refused={
-            "ray": "agent harnesses are not yet played on Ray's engine pool; run `thermik rl` without "
-            "distributed.enabled",
-            "split": "the orchestrator does not yet serve capture endpoints over its server; run `thermik rl` without "
-            "--split",
+        runs={
+            "local": "agents/episode.py (a capture endpoint over the run's engine, in the rollout's event loop)",
+            "ray": "agents/episode.py (a capture endpoint in the driver over the engine actors' pool)",
+            "split": "agents/episode.py (a capture endpoint in the orchestrator over the `thermik inference` server)",
         },
     ),
     OptionRule(

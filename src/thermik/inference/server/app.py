@@ -304,8 +304,9 @@ class OpenAIServer:
         prompts: list[list[int]],
         on_choice: ChoiceHook | None = None,
     ) -> StreamingResponse:
-        """Content streams token by token; a reply with tool calls sends its calls (and any content after the
-        last streamed piece) in one chunk at the end."""
+        """Content streams token by token. A reply's tool calls are parsed when it ends (the text from the first
+        call's opening tag on is held back): then any content after the last streamed piece, and each call as
+        OpenAI streams one: a chunk with its index, id, type and name (arguments ""), then its arguments in pieces."""
         head = {**head, "object": "chat.completion.chunk"}
         first = [[{"index": s.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                    "finish_reason": None}] for s in streams]  # fmt: skip
@@ -324,10 +325,13 @@ class OpenAIServer:
                 return [*([entry(c, pos, piece)] for pos, piece in stream.rest(c)), last]
             content = msg["content"] or ""
             rest = content[len(stream.sent_text) :] if content.startswith(stream.sent_text) else ""
-            calls = [{"index": i, **call} for i, call in enumerate(msg["tool_calls"])]
-            delta = {"content": rest or None, "tool_calls": calls}
-            tokens = slice(stream.sent, None)
-            return [[{"index": c.index, "delta": delta, "logprobs": logprobs(c, tokens), "finish_reason": None}], last]
+            deltas = [{"content": rest}] if rest else []
+            deltas += [{"tool_calls": [call]} for i, tc in enumerate(msg["tool_calls"]) for call in _call_deltas(i, tc)]
+            chunks = [[{"index": c.index, "delta": d, "logprobs": None, "finish_reason": None}] for d in deltas]
+            chunks[0][0]["logprobs"] = logprobs(c, slice(stream.sent, None))  # the held tokens, with the first piece
+            if body.return_token_ids:
+                chunks[0][0]["token_ids"] = c.token_ids[stream.sent :]
+            return [*chunks, last]
 
         usage = _stream_usage(body, prompts)
         return _sse(streaming.event_stream(head, sources, streams, first, entry, final, usage, on_choice))
@@ -369,6 +373,17 @@ class OpenAIServer:
         card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": THERMIK_OWNER,
                 "max_model_len": self.max_model_len}  # fmt: skip
         return {"object": "list", "data": [card]}
+
+
+ARGUMENT_PIECE = 8  # characters of a tool call's arguments per streamed chunk
+
+
+def _call_deltas(index: int, call: dict[str, Any]) -> list[dict[str, Any]]:
+    """One tool call as the deltas of an OpenAI stream: its id, type and name first, then its arguments in pieces."""
+    name, arguments = call["function"]["name"], call["function"]["arguments"]
+    opening = {"index": index, "id": call["id"], "type": "function", "function": {"name": name, "arguments": ""}}
+    pieces = [arguments[k : k + ARGUMENT_PIECE] for k in range(0, len(arguments), ARGUMENT_PIECE)]
+    return [opening, *({"index": index, "function": {"arguments": piece}} for piece in pieces)]
 
 
 def _stream_usage(body: _Sampling, prompts: list[list[int]]) -> Callable[[list[outputs.Choice]], dict[str, int] | None]:
