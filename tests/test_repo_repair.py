@@ -15,10 +15,10 @@ import pytest
 from thermik.config.schema import EnvConfig, RepoRepairConfig, SamplingConfig
 from thermik.tasks.registry import generate_rows, make_env, solve
 from thermik.tasks.repo_repair import generate, mutations
-from thermik.tasks.repo_repair.grade import grade
+from thermik.tasks.repo_repair.grade import grade, parse_outcomes
 from thermik.tasks.repo_repair.sandbox import Sandbox, SandboxLimits, bwrap_path
 from thermik.tasks.repo_repair.templates import FAMILIES, HELD_OUT_FAMILIES, Unit, families_for
-from thermik.tasks.repo_repair.tools import RepoTools, ToolFailure
+from thermik.tasks.repo_repair.tools import PYTEST, RepoTools, ToolFailure
 from thermik.tools.mcp_pool import MCPPool
 
 needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="needs bubblewrap (apt-get install bubblewrap)")
@@ -42,16 +42,42 @@ def _site(package: generate.Package, kind: str) -> mutations.Site:
 @needs_bwrap
 def test_a_bug_that_breaks_no_test_is_rejected_and_one_that_does_is_kept() -> None:
     package = _package()
-    fixed = generate.test_outcomes(package.files, LIMITS)
+    dropped = [generate.Bug("core", "f", _site(package, "drop_branch"))]  # x > 100 is never tested
+    swapped = [generate.Bug("core", "f", _site(package, "operator"))]  # x + 1 -> x - 1
+    dropped_files, swapped_files = generate.buggy_files(package, dropped), generate.buggy_files(package, swapped)
+    assert dropped_files is not None and "return 0" not in dropped_files["demo/core.py"]
+    with generate.CandidateRunner(package, LIMITS) as runner:
+        fixed, dropped_outcomes, swapped_outcomes = runner.outcomes([{}, dropped_files, swapped_files])
     assert fixed is not None and set(fixed.values()) == {"PASSED"}
-    dropped = generate.Bug("core", "f", _site(package, "drop_branch"))  # x > 100 is never tested
-    assert "return 0" not in generate.apply_bugs(package, [dropped])["demo/core.py"]
-    assert generate.validate(package, [dropped], fixed, LIMITS) is None
-    swapped = generate.Bug("core", "f", _site(package, "operator"))  # x + 1 -> x - 1
-    kept = generate.validate(package, [swapped], fixed, LIMITS)
+    assert generate.judge(package, dropped, dropped_files, fixed, dropped_outcomes) is None
+    kept = generate.judge(package, swapped, swapped_files, fixed, swapped_outcomes)
     assert kept is not None
     assert kept.fail_to_pass == ["tests/test_core.py::test_f_0", "tests/test_core.py::test_f_1"]
     assert kept.pass_to_pass == ["tests/test_core.py::test_g_0"]
+
+
+@needs_bwrap
+def test_the_lean_runner_agrees_with_pytest_and_survives_a_hang_and_a_crash() -> None:
+    """Validation runs the tests with runner.py, grading with pytest: the outcomes must be the same."""
+    package = generate.build_package("stats", 7, generate.Knobs(modules=3, distractors=2), "train")
+    sets = generate.candidate_sets(package, generate.Knobs(), 7)[:4]
+    candidates = [{}] + [f for f in (generate.buggy_files(package, s) for s in sets) if f is not None]
+    module = package.module_path(package.family_modules[0])
+    candidates.append({module: package.files[module] + "\nimport os\nos._exit(3)\n"})  # every test file dies
+    candidates.append({module: package.files[module] + "\nwhile True:\n    pass\n"})  # hangs
+    candidates.append({module: package.files[module] + "\n)\n"})  # does not compile: every test errors
+    with generate.CandidateRunner(package, LIMITS) as runner:
+        lean = runner.outcomes(candidates)
+        expected = []
+        for files in candidates[:-3] + candidates[-1:]:
+            clean = {p: (runner.box.workspace / p).read_text() for p in files}
+            generate._write(runner.box.workspace, files)
+            expected.append(parse_outcomes(runner.box.run(PYTEST).output))
+            generate._write(runner.box.workspace, clean)
+    assert lean[-3] is None and lean[-2] is None
+    assert lean[:-3] + lean[-1:] == expected
+    assert lean[-1] == {f"tests/test_{package.family_modules[0]}.py": "ERROR"}
+    assert {o for outcomes in lean[1:-3] for o in outcomes.values()} == {"PASSED", "FAILED"}
 
 
 def test_held_out_rows_share_no_family_with_training(monkeypatch: pytest.MonkeyPatch) -> None:

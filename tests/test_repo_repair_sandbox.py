@@ -87,18 +87,36 @@ def test_no_write_outside_the_workspace_symlinks_included(repo: Path) -> None:
         outside.rmdir()
 
 
-@needs_bwrap
-def test_no_read_of_the_home_directory(repo: Path) -> None:
-    secret = Path.home() / f".thermik-sandbox-secret-{uuid.uuid4().hex}"
+def _home_is_hidden(repo: Path, home: Path) -> None:
+    secret = home / f".thermik-sandbox-secret-{uuid.uuid4().hex}"
     secret.write_text("TOP-SECRET-VALUE\n")
+    secret.chmod(0o644)
     try:
         with Sandbox(repo) as box:
             read = box.run(f"cat {secret}")
-            listed = box.run(f"ls -a {Path.home()}")
+            listed = box.run(f"ls -a {home}")
     finally:
         secret.unlink()
     assert "TOP-SECRET-VALUE" not in read.output and read.exit_code != 0
     assert secret.name not in listed.output
+
+
+@needs_bwrap
+def test_no_read_of_the_home_directory(repo: Path) -> None:
+    _home_is_hidden(repo, Path.home())
+
+
+@needs_bwrap
+def test_a_home_readable_by_everyone_is_hidden_too(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run as root, the sandbox user could not read a 0700 home anyway: a world-readable one (outside /tmp, which
+    the sandbox replaces) shows that the home itself is hidden."""
+    home = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="thermik-test-home-"))
+    home.chmod(0o755)
+    monkeypatch.setenv("HOME", str(home))
+    try:
+        _home_is_hidden(repo, home)
+    finally:
+        home.rmdir()
 
 
 _SPAWN_100 = """
@@ -204,7 +222,7 @@ def _episodes_with_random_kills(n: int, repo: Path) -> None:
     workspaces = []
     marker = f"{random.randint(10**6, 10**7)}.75"
     for _ in range(n):
-        box = Sandbox(repo, SandboxLimits(wall_s=10))
+        box = Sandbox(repo, SandboxLimits(wall_s=30))
         workspaces.append(box.workspace)
         command = f"sleep {marker} & setsid sleep {marker} & sleep {marker}"
         runner = threading.Thread(target=_run_unless_closed, args=(box, command))
@@ -215,7 +233,7 @@ def _episodes_with_random_kills(n: int, repo: Path) -> None:
             if executor is not None:  # a kill from outside: the bwrap process dies first
                 executor.proc.kill()
         box.close()
-        runner.join(timeout=15)
+        runner.join(timeout=5)  # close() ends a running command at once, not at its 30 s wall time
         assert not runner.is_alive()
     time.sleep(0.2)
     assert _processes_with(f"sleep {marker}") == []

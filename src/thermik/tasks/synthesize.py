@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +38,10 @@ def synthesize(
     write_rows(rows_path, rows)
     tmp = sft_path.with_suffix(".tmp")
     pool = MCPPool()  # the envs are built only to read their tool schemas: no server is started
-    with tmp.open("w") as f:
-        for row in rows:
-            f.write(json.dumps({"messages": solve(row, options), "tools": _tools(row, pool, options)}) + "\n")
+    # one thread per CPU: a solver that runs tools (repo_repair's runs pytest in a sandbox) waits on subprocesses
+    with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as threads, tmp.open("w") as f:
+        for row, messages in zip(rows, threads.map(lambda row: solve(row, options), rows), strict=True):
+            f.write(json.dumps({"messages": messages, "tools": _tools(row, pool, options)}) + "\n")
     tmp.replace(sft_path)
     return rows_path, sft_path
 

@@ -14,24 +14,24 @@ its tests; `patch` is the fix. Tasks are cached under the thermik cache director
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import json
 import logging
+import os
 import random
 import shutil
 import subprocess
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from thermik.data.problem_key import make_key, read_key
 from thermik.tasks.repo_repair import mutations
-from thermik.tasks.repo_repair.grade import parse_outcomes
 from thermik.tasks.repo_repair.sandbox import Sandbox, SandboxLimits
 from thermik.tasks.repo_repair.templates import FAMILIES, Unit, families_for
-from thermik.tasks.repo_repair.tools import PYTEST
 from thermik.tools.mcp_launch import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -159,16 +159,47 @@ def _write(root: Path, files: dict[str, str]) -> None:
         target.write_text(text)
 
 
-def test_outcomes(files: dict[str, str], limits: SandboxLimits) -> dict[str, str] | None:
-    """Each test's outcome (PASSED / FAILED / ERROR) when the repo holding `files` runs pytest in the sandbox;
-    None when the run timed out."""
-    with tempfile.TemporaryDirectory(prefix="thermik-rr-gen-") as tmp:
-        _write(Path(tmp), files)
-        with Sandbox(Path(tmp), dataclasses.replace(limits, max_output_chars=1_000_000)) as box:
-            result = box.run(PYTEST)
-    if result.timed_out:
-        return None
-    return parse_outcomes(result.output)
+_RUNNER = (Path(__file__).parent / "runner.py").read_text()
+_RUNNER_FILE = ".thermik-runner.py"
+_CHUNK = 8
+"""Candidates per runner call: most tasks validate within the first few, and a call that hangs costs one chunk."""
+_CANDIDATE_TIMEOUT_S = 5
+
+
+class CandidateRunner:
+    """One sandbox holding the clean package, in which the lean runner (runner.py) tests sets of changed files: one
+    Python start and pytest import per call, a fork per candidate (see runner.py for why not pytest itself)."""
+
+    def __init__(self, package: Package, limits: SandboxLimits) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="thermik-rr-gen-")
+        root = Path(self._tmp.name)
+        _write(root, {**package.files, _RUNNER_FILE: _RUNNER})
+        self.tests = sorted(p for p in package.files if p.startswith("tests/"))
+        self.box = Sandbox(root, limits)
+
+    def outcomes(self, candidates: list[dict[str, str]]) -> list[dict[str, str] | None]:
+        """Each candidate's test outcomes (test id -> PASSED / FAILED / ERROR), with its files written over the clean
+        package ({}: the clean package); None when it ran past its time or the call failed."""
+        request = self.box.workspace / ".thermik-request.json"
+        results = self.box.workspace / ".thermik-results.json"
+        request.write_text(json.dumps({"tests": self.tests, "candidates": candidates, "out": results.name,
+                                       "timeout_s": _CANDIDATE_TIMEOUT_S}))  # fmt: skip
+        results.unlink(missing_ok=True)
+        run = self.box.run(f"python {_RUNNER_FILE} {request.name}")
+        if run.exit_code != 0 or not results.exists():
+            logger.warning("repo_repair: the validation runner failed: %s", run.format()[-2000:])
+            return [None] * len(candidates)
+        return json.loads(results.read_text())
+
+    def close(self) -> None:
+        self.box.close()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> CandidateRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @dataclass
@@ -179,38 +210,61 @@ class Validated:
     pass_to_pass: list[str]
 
 
-def find_bugs(package: Package, knobs: Knobs, seed: int, limits: SandboxLimits) -> Validated | None:
-    """The first candidate set of `knobs.bugs` bugs (in distinct functions) that validates, or None."""
-    fixed = test_outcomes(package.files, limits)
-    if not fixed or any(o != "PASSED" for o in fixed.values()):
-        raise RuntimeError(f"the correct package {package.name} does not pass its own tests: {fixed}")
-    rng = random.Random(f"bugs/{package.name}/{seed}")
-    candidates = _candidate_bugs(package, rng)
-    for _ in range(_MAX_CANDIDATES):
+def candidate_sets(package: Package, knobs: Knobs, seed: int) -> list[list[Bug]]:
+    """The candidate sets of `knobs.bugs` bugs (in distinct functions) tried in turn, at most _MAX_CANDIDATES."""
+    candidates = _candidate_bugs(package, random.Random(f"bugs/{package.name}/{seed}"))
+    sets = []
+    while len(sets) < _MAX_CANDIDATES:
         chosen: list[Bug] = []
         for bug in candidates:
             if len(chosen) < knobs.bugs and bug.function not in {b.function for b in chosen}:
                 chosen.append(bug)
         if len(chosen) < knobs.bugs:
-            return None
+            break
         for bug in chosen:
             candidates.remove(bug)
-        validated = validate(package, chosen, fixed, limits)
-        if validated is not None:
-            return validated
+        sets.append(chosen)
+    return sets
+
+
+def find_bugs(package: Package, knobs: Knobs, seed: int, limits: SandboxLimits) -> Validated | None:
+    """The first candidate set that validates (`judge`), or None. One sandbox per package; the clean package's
+    outcomes come with the first chunk of candidates."""
+    changed = [(bugs, buggy_files(package, bugs)) for bugs in candidate_sets(package, knobs, seed)]
+    changed = [(bugs, files) for bugs, files in changed if files is not None]
+    fixed: dict[str, str] | None = None
+    with CandidateRunner(package, limits) as runner:
+        for start in range(0, len(changed), _CHUNK):
+            chunk = changed[start : start + _CHUNK]
+            outcomes = runner.outcomes(([{}] if fixed is None else []) + [files for _, files in chunk])
+            if fixed is None:
+                fixed = outcomes.pop(0)
+                if not fixed or any(o != "PASSED" for o in fixed.values()):
+                    raise RuntimeError(f"the correct package {package.name} does not pass its own tests: {fixed}")
+            for (bugs, files), result in zip(chunk, outcomes, strict=True):
+                validated = judge(package, bugs, files, fixed, result)
+                if validated is not None:
+                    return validated
     return None
 
 
-def validate(package: Package, bugs: list[Bug], fixed: dict[str, str], limits: SandboxLimits) -> Validated | None:
-    """Kept only if the tests fail with the bugs (>= 1 FAIL_TO_PASS, one per bug) and pass without them (>= 1
-    PASS_TO_PASS)."""
+def buggy_files(package: Package, bugs: list[Bug]) -> dict[str, str] | None:
+    """The files `bugs` change, with the bugs in; None when a mutation fails or changes nothing."""
     try:
-        buggy = apply_bugs(package, bugs)
+        files = apply_bugs(package, bugs)
     except (ValueError, TypeError, AssertionError):
         return None
-    if any(buggy[package.module_path(b.module)] == package.files[package.module_path(b.module)] for b in bugs):
+    paths = {package.module_path(b.module) for b in bugs}
+    if any(files[p] == package.files[p] for p in paths):
         return None
-    outcomes = test_outcomes(buggy, limits)
+    return {p: files[p] for p in sorted(paths)}
+
+
+def judge(
+    package: Package, bugs: list[Bug], files: dict[str, str], fixed: dict[str, str], outcomes: dict[str, str] | None
+) -> Validated | None:
+    """Kept only if the tests fail with the bugs (>= 1 FAIL_TO_PASS, one per bug) and pass without them (>= 1
+    PASS_TO_PASS)."""
     if outcomes is None:
         return None
     fail_to_pass = sorted(t for t, o in fixed.items() if o == "PASSED" and outcomes.get(t) != "PASSED")
@@ -218,7 +272,7 @@ def validate(package: Package, bugs: list[Bug], fixed: dict[str, str], limits: S
     every_bug_seen = all(any(f"::test_{b.function}_" in t for t in fail_to_pass) for b in bugs)
     if not fail_to_pass or not pass_to_pass or not every_bug_seen:
         return None
-    return Validated(bugs, buggy, fail_to_pass, pass_to_pass)
+    return Validated(bugs, {**package.files, **files}, fail_to_pass, pass_to_pass)
 
 
 # ------------------------------------------------------------------ records
@@ -315,6 +369,10 @@ def tasks_dir() -> Path:
     return Path(cache_dir()) / "repo_repair" / f"v{GENERATOR_VERSION}"
 
 
+_INDEX_LOCK = threading.Lock()
+"""rows() validates tasks in threads; their lines in keys.jsonl must not interleave."""
+
+
 def load_or_write(key: str, out: Path | None = None) -> tuple[dict[str, Any], Path] | None:
     """The record and repo path of `key`, written on first use (cached)."""
     out = out or tasks_dir()
@@ -328,7 +386,7 @@ def load_or_write(key: str, out: Path | None = None) -> tuple[dict[str, Any], Pa
         path = out / instance
         return json.loads((path / "record.json").read_text()), path / "repo"
     record = write_task(key, out)
-    with index.open("a") as f:
+    with _INDEX_LOCK, index.open("a") as f:
         f.write(json.dumps({"key": key, "instance_id": record and record["instance_id"]}) + "\n")
     if record is None:
         return None
@@ -396,19 +454,21 @@ def rows(env: str, n: int, seed: int, split: str, options: Any) -> list[dict[str
     knobs = Knobs(cfg.modules, cfg.distractors, cfg.bugs, cfg.name_function)
     out = Path(cfg.tasks_dir) if cfg.tasks_dir else tasks_dir()
     rng = random.Random(f"repo_repair/{split}/{seed}")
-    found: dict[str, dict[str, Any]] = {}
-    for _ in range(4 * n + 10):
-        if len(found) >= n:
-            break
-        key = task_key(rng.choice(families_for(split)), rng.randrange(1_000_000), split, knobs)
-        if key not in found and not _index(out / "keys.jsonl").get(key):
-            logger.info("repo_repair: validating %s task %d of %d in the sandbox", split, len(found) + 1, n)
-        task = None if key in found else load_or_write(key, out)
-        if task is not None:
-            found[key] = record_row(*task)
+    families = families_for(split)
+    drawn = [task_key(rng.choice(families), rng.randrange(1_000_000), split, knobs) for _ in range(4 * n + 10)]
+    keys = list(dict.fromkeys(drawn))
+    found: list[dict[str, Any]] = []
+    workers = len(os.sched_getaffinity(0))
+    with ThreadPoolExecutor(workers, thread_name_prefix="repo-repair-gen") as pool:
+        while len(found) < n and keys:
+            # never more at once than are still missing, so the rows are those of validating the keys in turn
+            batch, keys = keys[: min(workers, n - len(found))], keys[min(workers, n - len(found)) :]
+            logger.info("repo_repair: %s tasks %d-%d of %d (validated in the sandbox when new)", split,
+                        len(found) + 1, len(found) + len(batch), n)  # fmt: skip
+            found += [record_row(*task) for task in pool.map(lambda key: load_or_write(key, out), batch) if task]
     if len(found) < n:
         raise ValueError(f"repo_repair: only {len(found)} of {n} {split} tasks validated")
-    return list(found.values())
+    return found
 
 
 def solve(row: dict[str, Any], options: Any) -> list[dict[str, Any]]:
