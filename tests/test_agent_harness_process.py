@@ -214,7 +214,8 @@ def test_preload_an_episode_that_fails_fails_alone(tmp_path: Path, body: str, re
     cfg = AgentConfig(entrypoint="my_agent:run", cwd=str(tmp_path), preload=True)
 
     async def episodes() -> list:
-        return list(await asyncio.gather(run_harness(cfg, {**TASK, "bad": True}, CLIENT), run_harness(cfg, TASK, CLIENT)))
+        bad = run_harness(cfg, {**TASK, "bad": True}, CLIENT)
+        return list(await asyncio.gather(bad, run_harness(cfg, TASK, CLIENT)))
 
     before = _children()
     bad, good = asyncio.run(episodes())

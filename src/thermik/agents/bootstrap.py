@@ -16,6 +16,7 @@ as `main` does; the server exits when its stdin closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import importlib
 import inspect
@@ -121,10 +122,8 @@ def _child(function: Any, request: dict[str, Any], server: int, server_fds: tupl
         code = 1
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):
                 stream.flush()
-            except Exception:
-                pass
         os._exit(code)
 
 
