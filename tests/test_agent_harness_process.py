@@ -163,3 +163,82 @@ def test_a_bad_agent_setting_is_refused_naming_it(args: list[str], message: str,
     assert main(["rl", *args, "--output_dir", str(tmp_path), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+# agent.preload: the entrypoint's module imported once by a fork server, one forked process per episode.
+
+
+def _runs(cfg: AgentConfig, n: int) -> tuple[list, set[int]]:
+    async def episodes() -> list:
+        return list(await asyncio.gather(*(run_harness(cfg, TASK, CLIENT) for _ in range(n))))
+
+    before = _children()
+    outcomes = asyncio.run(episodes())
+    return outcomes, _children() - before
+
+
+def test_preload_imports_once_and_forks_a_process_per_episode(tmp_path: Path) -> None:
+    (tmp_path / "my_agent.py").write_text(
+        textwrap.dedent(f"""
+        import asyncio, os
+        with open({str(tmp_path / "imports")!r}, "a") as f:
+            f.write("imported\\n")
+        print("import-time output goes to the server's stderr")
+        async def run(task, client):
+            await asyncio.sleep(0.2)
+            print("episode log")
+            return {{"pid": os.getpid(), "sid": os.getsid(0), "model": client["model"],
+                     "gt": task["reward_spec"]["ground_truth"]}}
+    """)
+    )
+    outcomes, leaked = _runs(AgentConfig(entrypoint="my_agent:run", cwd=str(tmp_path), preload=True), 4)
+    assert [o.failure for o in outcomes] == [""] * 4 and leaked == set()
+    assert (tmp_path / "imports").read_text() == "imported\n"
+    pids = {o.result["pid"] for o in outcomes}
+    assert len(pids) == 4 and all(o.result["sid"] == o.result["pid"] for o in outcomes)
+    assert all(o.result["model"] == "thermik-policy" and o.result["gt"] == "4" for o in outcomes)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason", "said"),
+    [
+        ("raise RuntimeError('tool server gone')", "crash", "tool server gone"),
+        ("import sys; print('bye', file=sys.stderr); sys.exit(3)", "crash", "code 3"),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "crash", "signal 9"),
+    ],
+)
+def test_preload_an_episode_that_fails_fails_alone(tmp_path: Path, body: str, reason: str, said: str) -> None:
+    (tmp_path / "my_agent.py").write_text(
+        f"def run(task, client):\n    if task.get('bad'):\n        {body}\n    return 1.0\n"
+    )
+    cfg = AgentConfig(entrypoint="my_agent:run", cwd=str(tmp_path), preload=True)
+
+    async def episodes() -> list:
+        bad = run_harness(cfg, {**TASK, "bad": True}, CLIENT)
+        return list(await asyncio.gather(bad, run_harness(cfg, TASK, CLIENT)))
+
+    before = _children()
+    bad, good = asyncio.run(episodes())
+    assert bad.failure == reason and said in bad.detail and _children() - before == set()
+    assert good.failure == "" and good.result == 1.0
+
+
+def test_preload_a_hang_is_killed_at_the_timeout_with_its_children(tmp_path: Path) -> None:
+    (tmp_path / "my_agent.py").write_text(
+        textwrap.dedent("""
+        import subprocess, sys, time
+        def run(task, client):
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+            time.sleep(60)
+    """)
+    )
+    start = time.monotonic()
+    (outcome,), leaked = _runs(AgentConfig(entrypoint="my_agent:run", cwd=str(tmp_path), preload=True, timeout_s=1), 1)
+    assert outcome.failure == "timeout" and time.monotonic() - start < 10 and leaked == set()
+
+
+def test_preload_a_module_that_fails_to_import_fails_each_episode_with_its_error(tmp_path: Path) -> None:
+    (tmp_path / "my_agent.py").write_text("raise ImportError('no module named agents')\n")
+    outcomes, leaked = _runs(AgentConfig(entrypoint="my_agent:run", cwd=str(tmp_path), preload=True), 2)
+    assert [o.failure for o in outcomes] == ["crash", "crash"] and leaked == set()
+    assert all("fork server" in o.detail and "no module named agents" in o.detail for o in outcomes)

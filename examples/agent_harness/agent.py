@@ -12,7 +12,7 @@ INSTRUCTIONS = "Use the calculate tool, then give the answer."
 
 @function_tool
 def calculate(expression: str) -> str:
-    """Evaluate an arithmetic expression of integers with + - * and parentheses."""
+    """Evaluate arithmetic."""
     if not expression or set(expression) - set("0123456789+-*() "):
         return "error: only integers, + - * and parentheses"
     try:

@@ -45,9 +45,11 @@ def run_sampling(sampling: SamplingConfig, seed: int | None) -> dict[str, Any]:
 
 
 def episode_limits(env: HarnessEnv, limits: LoopLimits, sampling: SamplingConfig, seed: int | None) -> EpisodeLimits:
-    """The capture's budgets: agent.max_turns (else env.max_turns) and agent.max_tokens; the run's sampling."""
+    """The capture's budgets: agent.max_turns (else env.max_turns) and agent.max_tokens; the run's sampling; whether
+    the harness's tool schemas are rendered (env.render_tools)."""
     fixed = run_sampling(sampling, seed)
-    return EpisodeLimits(env.cfg.max_turns or limits.max_turns, env.cfg.max_tokens or None, limits.step_wise, fixed)
+    turns, tokens = env.cfg.max_turns or limits.max_turns, env.cfg.max_tokens or None
+    return EpisodeLimits(turns, tokens, limits.step_wise, fixed, env.render_tools)
 
 
 async def play_episode(

@@ -15,8 +15,8 @@ class HarnessEnv(Env):
 
     plays_episode: ClassVar[bool] = True
 
-    def __init__(self, inner: Env, cfg: AgentConfig, row: dict[str, Any]) -> None:
-        self.inner, self.cfg, self.row = inner, cfg, row
+    def __init__(self, inner: Env, cfg: AgentConfig, row: dict[str, Any], render_tools: bool = True) -> None:
+        self.inner, self.cfg, self.row, self.render_tools = inner, cfg, row, render_tools
         self.tools = inner.tools
 
     def step(self, action: str) -> StepOutput:
@@ -31,8 +31,11 @@ class HarnessEnv(Env):
         await self.inner.aclose()
 
 
-def harness_env_factory(make_env: Callable[[dict[str, Any]], Env], cfg: AgentConfig) -> Callable[[dict[str, Any]], Env]:
-    """`make_env` when no harness is configured, else each row's env wrapped for the harness."""
+def harness_env_factory(
+    make_env: Callable[[dict[str, Any]], Env], cfg: AgentConfig, render_tools: bool = True
+) -> Callable[[dict[str, Any]], Env]:
+    """`make_env` when no harness is configured, else each row's env wrapped for the harness; `render_tools`
+    (env.render_tools) off keeps the harness's tool schemas out of the prompt."""
     if not cfg.enabled:
         return make_env
     try:  # the capture endpoint is served by fastapi: say so before any episode, not once per failed episode
@@ -42,4 +45,4 @@ def harness_env_factory(make_env: Callable[[dict[str, Any]], Env], cfg: AgentCon
             "agent.entrypoint / agent.command play against a capture endpoint, which needs the 'serve' extra: "
             f'pip install -e ".[serve]" ({e})'
         ) from None
-    return lambda row: HarnessEnv(make_env(row), cfg, row)
+    return lambda row: HarnessEnv(make_env(row), cfg, row, render_tools)

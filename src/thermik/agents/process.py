@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thermik.agents.fork_server import ServerGone, fork_server
 from thermik.config.agent import AgentConfig
 from thermik.lifetime import ProcessTree, dying_with_parent
 
@@ -66,37 +67,64 @@ async def run_harness(cfg: AgentConfig, task: dict[str, Any], client: Client) ->
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="thermik-harness-") as tmp:
         files = {name: Path(tmp) / name for name in ("result.json", "stdout", "stderr")}
-        env = {**os.environ, **client.environment(), "THERMIK_TASK": json.dumps(task, default=str),
-               "THERMIK_RESULT_FILE": str(files["result.json"])}  # fmt: skip
-        with files["stdout"].open("wb") as out, files["stderr"].open("wb") as err:
-            proc = await asyncio.create_subprocess_exec(
-                *dying_with_parent(harness_argv(cfg)), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
-                cwd=cfg.cwd or None, env=env, start_new_session=True,
-            )  # fmt: skip
-        tree = ProcessTree(proc.pid)
+        episode_env = {**client.environment(), "THERMIK_TASK": json.dumps(task, default=str),
+                       "THERMIK_RESULT_FILE": str(files["result.json"])}  # fmt: skip
         try:
-            timed_out = await _wait(proc, tree, cfg.timeout_s)
+            pid, exited = await _start(cfg, episode_env, files["stdout"], files["stderr"])
+        except ServerGone as gone:
+            return HarnessOutcome(failure="crash", detail=_server_gone(gone), elapsed=time.perf_counter() - start)
+        tree = ProcessTree(pid)
+        try:
+            timed_out = await _wait(exited, tree, cfg.timeout_s)
         finally:  # also when the episode is cancelled
-            left = [pid for pid in tree.kill() if pid != proc.pid]
-            await proc.wait()
+            left = [p for p in tree.kill() if p != pid]
+            code, gone_detail = await _exit_code(exited)
         stdout, stderr = (files[name].read_text(errors="replace") for name in ("stdout", "stderr"))
         outcome = HarnessOutcome(_result(files["result.json"], stdout), elapsed=time.perf_counter() - start)
-    outcome.failure, outcome.detail = _failure(cfg, proc.returncode, timed_out, left, stderr)
+    outcome.failure, outcome.detail = _failure(cfg, code, timed_out, left, stderr)
+    if gone_detail and not outcome.failure:
+        outcome.failure, outcome.detail = "crash", gone_detail
     return outcome
 
 
-async def _wait(proc: asyncio.subprocess.Process, tree: ProcessTree, timeout_s: float) -> bool:
+async def _start(cfg: AgentConfig, env: dict[str, str], stdout: Path, stderr: Path) -> tuple[int, asyncio.Future[int]]:
+    """The harness's process for one episode: forked by the fork server (`agent.preload`) or started by exec; its
+    pid and a future of its return code."""
+    if cfg.preload and cfg.entrypoint:
+        child = await (await fork_server(cfg)).fork(env, stdout, stderr)
+        return child.pid, child.exited
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            *dying_with_parent(harness_argv(cfg)), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
+            cwd=cfg.cwd or None, env={**os.environ, **env}, start_new_session=True,
+        )  # fmt: skip
+    return proc.pid, asyncio.ensure_future(proc.wait())
+
+
+async def _wait(exited: asyncio.Future[int], tree: ProcessTree, timeout_s: float) -> bool:
     """Wait for the harness to exit, recording its tree meanwhile; True when it ran past `timeout_s`."""
-    waiter = asyncio.ensure_future(proc.wait())
     deadline = time.monotonic() + timeout_s
-    while not waiter.done():
+    while not exited.done():
         tree.record()
         if time.monotonic() > deadline:
-            waiter.cancel()
             return True
-        await asyncio.wait({waiter}, timeout=min(POLL_S, max(deadline - time.monotonic(), 0.001)))
+        await asyncio.wait({exited}, timeout=min(POLL_S, max(deadline - time.monotonic(), 0.001)))
     tree.record()
     return False
+
+
+async def _exit_code(exited: asyncio.Future[int]) -> tuple[int | None, str]:
+    """The harness's return code once it has exited (its tree was just killed), or None and why when its fork
+    server went first."""
+    try:
+        return await asyncio.shield(exited), ""
+    except ServerGone as gone:
+        return None, _server_gone(gone)
+
+
+def _server_gone(gone: ServerGone) -> str:
+    said = f"; its stderr ends: {gone}" if str(gone) else ""
+    return f"the fork server of agent.preload exited before the harness did{said}"
 
 
 def _result(result_file: Path, stdout: str) -> Any:

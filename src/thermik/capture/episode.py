@@ -40,6 +40,9 @@ class EpisodeLimits:
     sampling: dict[str, Any] = field(default_factory=dict)
     """Request fields the episode fixes whatever the harness sends (temperature, top_p, top_k, min_p, seed): a
     training run samples with its own settings."""
+    render_tools: bool = True
+    """Off: the request's tool schemas stay out of the prompt (`env.render_tools = false`, for a model trained without
+    them); its tool calls are still parsed."""
 
 
 class EpisodeFinished(ApiError):
@@ -199,7 +202,7 @@ class Episode:
 
     def _render(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
         try:
-            return self.chat.encode(self.chat.render(messages, tools))
+            return self.chat.encode(self.chat.render(messages, tools if self.limits.render_tools else None))
         except Exception as exc:  # a template refusing these messages (raise_exception, bad roles) is a 400
             raise ApiError(400, f"the chat template cannot render these messages: {exc}", "messages") from exc
 

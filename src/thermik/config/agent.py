@@ -32,6 +32,12 @@ class AgentConfig(Section):
         "", description="The Python interpreter `entrypoint` runs in (e.g. the harness venv's bin/python, "
         "scripts/harness_venv.sh); empty: thermik's own."
     )  # fmt: skip
+    preload: bool = Field(
+        False, description="agent.entrypoint only: import its module once, in a server that forks one process per "
+        "episode, instead of starting the interpreter for each episode (an episode's process, timeout and kill are "
+        "unchanged). Saves the harness's import time per episode; leave off for a module that starts threads or an "
+        "event loop when imported."
+    )  # fmt: skip
     cwd: str = Field("", description="Working directory of `command` (and where `entrypoint` is imported from); "
                      "empty: the current one.")  # fmt: skip
     timeout_s: float = Field(

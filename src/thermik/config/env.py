@@ -116,8 +116,9 @@ class EnvConfig(Section):
     name: str = Field("calculator", description="Environment name from the registry or a 'pkg.mod:Class' path.")
     max_turns: int = Field(4, ge=1, description="Most assistant turns per episode.")
     render_tools: bool = Field(
-        True, description="Render the environment's tool schemas into the prompt; off keeps tiny-model prompts short."
-    )
+        True, description="Render the environment's tool schemas (or an agent harness's) into the prompt; off keeps "
+        "tiny-model prompts short."
+    )  # fmt: skip
     tool_timeout_s: float = Field(10.0, gt=0, description="Per tool-call timeout in seconds.")
     tool_latency_s: float = Field(0.0, ge=0, description="Artificial latency added by the calculator MCP server.")
     skyrl_gym_config: dict[str, Any] = Field(

@@ -164,7 +164,7 @@ def _rollout_context(
         cfg=cfg,
         chat=chat,
         engine=engine,
-        make_env=harness_env_factory(components.env_factory(cfg.env, pool), cfg.agent),
+        make_env=harness_env_factory(components.env_factory(cfg.env, pool), cfg.agent, cfg.env.render_tools),
         sampler=None if train_rows is None else PromptSampler(train_rows, cfg.data.seed),
         held_out=held_out[: cfg.eval.size],
         limits=limits,
