@@ -17,7 +17,8 @@ tokens; the sample counts show how often. An untrained --preset model never ends
 tilted first (--eos-scale, see `ending_turns`) to make the episodes multi-turn.
 
 Run: `python benchmarks/capture_overhead.py [--model DIR | --preset qwen2-1m] [--episodes 16] [--turns 4]
-[--tokens 24] [--rounds 5]`.
+[--tokens 24] [--rounds 5] [--switch-interval MS]`. Besides the ratio it prints the latency capture adds per model
+call and the ratio that makes at larger turn costs (`per_call`).
 """
 
 from __future__ import annotations
