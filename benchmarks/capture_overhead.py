@@ -17,7 +17,8 @@ tokens; the sample counts show how often. An untrained --preset model never ends
 tilted first (--eos-scale, see `ending_turns`) to make the episodes multi-turn.
 
 Run: `python benchmarks/capture_overhead.py [--model DIR | --preset qwen2-1m] [--episodes 16] [--turns 4]
-[--tokens 24] [--rounds 5]`.
+[--tokens 24] [--rounds 5] [--switch-interval MS]`. Besides the ratio it prints the latency capture adds per model
+call and the ratio that makes at larger turn costs (`per_call`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import asyncio
 import multiprocessing
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -66,14 +68,14 @@ def prompt(i: int) -> list[dict[str, str]]:
 async def agent_loop_side(
     engine: Any, chat: ChatTokenizer, args: argparse.Namespace, seed: int
 ) -> tuple[int, int, float]:
-    """(sampled tokens, samples, 0: no harness process) of the batch."""
+    """(sampled tokens, samples, model calls, 0: no harness process) of the batch."""
     limits = LoopLimits(max_turns=args.turns, max_input_length=1536, max_generate_length=args.tokens,
                         max_sequence_length=2048)  # fmt: skip
     trajs = await asyncio.gather(*(
         run_episode(engine, ChatEnv(args.turns), chat, prompt(i), limits, SamplingConfig(), seed=seed + 1000 * i)
         for i in range(args.episodes)
     ))  # fmt: skip
-    return sum(t.num_generated_tokens for t in trajs), sum(len(t.samples) for t in trajs), 0.0
+    return (*counts(trajs), 0.0)
 
 
 async def play(sdk: openai.AsyncOpenAI, client: dict[str, str], i: int, seed: int, turns: int, tokens: int) -> None:
@@ -127,18 +129,26 @@ class HarnessProcess:
 async def capture_side(
     harnesses: HarnessProcess, capture: Capture, args: argparse.Namespace, seed: int
 ) -> tuple[int, int, float]:
-    """(sampled tokens, samples, the harness process's CPU seconds) of the batch."""
+    """(sampled tokens, samples, model calls, the harness process's CPU seconds) of the batch."""
     handles = [capture.open() for _ in range(args.episodes)]
     batch = [(h.client_config(), i, seed + 1000 * i, args.turns, args.tokens) for i, h in enumerate(handles)]
     harness_cpu = await harnesses.play(batch)
     trajs = [capture.close(h.id) for h in handles]
-    return sum(t.num_generated_tokens for t in trajs), sum(len(t.samples) for t in trajs), harness_cpu
+    return (*counts(trajs), harness_cpu)
 
 
-Side = Callable[[int], Awaitable[tuple[int, int, float]]]
+def counts(trajs: list[Any]) -> tuple[int, int, int]:
+    """(sampled tokens, samples, model calls) of a batch's episodes."""
+    return (sum(t.num_generated_tokens for t in trajs), sum(len(t.samples) for t in trajs),
+            sum(t.num_turns for t in trajs))  # fmt: skip
+
+
+Side = Callable[[int], Awaitable[tuple[int, int, int, float]]]
 
 
 async def main(args: argparse.Namespace) -> None:
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval / 1000)
     engine, tokenizer = load_engine(args.model, seed=0, num_threads=args.threads)
     chat = ChatTokenizer(tokenizer)
     harnesses = HarnessProcess()
@@ -161,8 +171,9 @@ async def play_rounds(sides: dict[str, Side], args: argparse.Namespace) -> dict[
     for r in range(args.rounds):
         for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
             start, start_cpu, start_loop = time.perf_counter(), time.process_time(), time.thread_time()
-            tokens, samples, harness_cpu = await sides[name](1 + r)
+            tokens, samples, calls, harness_cpu = await sides[name](1 + r)
             rounds[name].append({"wall": time.perf_counter() - start, "tokens": tokens, "samples": samples,
+                                 "calls": calls,
                                  "cpu": (time.process_time() - start_cpu) / args.episodes,
                                  "loop_cpu": (time.thread_time() - start_loop) / args.episodes,
                                  "harness_cpu": harness_cpu / args.episodes})  # fmt: skip
@@ -170,14 +181,17 @@ async def play_rounds(sides: dict[str, Side], args: argparse.Namespace) -> dict[
 
 
 def report(args: argparse.Namespace, rounds: dict[str, list[dict[str, float]]], load: tuple[float, float]) -> None:
-    print(f"{args.episodes} episodes x <= {args.turns} turns x <= {args.tokens} tokens, {args.rounds} rounds, "
-          f"load average {load[0]:.1f} -> {load[1]:.1f}")  # fmt: skip
+    print(
+        f"{args.episodes} episodes x <= {args.turns} turns x <= {args.tokens} tokens, {args.rounds} rounds, "
+        f"load average {load[0]:.1f} -> {load[1]:.1f}, GIL switch interval {1000 * sys.getswitchinterval():g} ms"
+    )
     median = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in rounds.items()}
     for name, m in median.items():
         harness = f", harness process {1000 * m['harness_cpu']:.1f} ms" if m["harness_cpu"] else ""
         print(f"  {name:>10}: {m['wall']:.3f} s rollout wall time; CPU per episode: this process "
               f"{1000 * m['cpu']:.1f} ms, its event loop {1000 * m['loop_cpu']:.1f} ms{harness} "
-              f"(medians; {m['tokens']:.0f} sampled tokens, {m['samples']:.0f} samples)")  # fmt: skip
+              f"(medians; {m['tokens']:.0f} sampled tokens, {m['samples']:.0f} samples, {m['calls']:.0f} model "
+              "calls)")  # fmt: skip
     ratios = [c["wall"] / a["wall"] for c, a in zip(rounds["capture"], rounds["agent loop"], strict=True)]
     print(f"rounds' capture / agent loop: {' '.join(f'{r:.3f}' for r in ratios)}")
     cpu_ratio = median["capture"]["cpu"] / median["agent loop"]["cpu"]
@@ -185,6 +199,29 @@ def report(args: argparse.Namespace, rounds: dict[str, list[dict[str, float]]], 
     print(f"capture / agent loop = {statistics.median(ratios):.3f} median of the rounds (target <= 1.05); "
           f"this process's CPU {cpu_ratio:.3f}; the endpoint's extra event-loop CPU is {100 * endpoint:.1f} % of "
           "the agent loop side's process CPU")  # fmt: skip
+    per_call(args, rounds, median)
+
+
+def per_call(args: argparse.Namespace, rounds: dict[str, list[dict[str, float]]], median: dict) -> None:
+    """The overhead as a fixed cost per model call, and the ratio it makes at other turn costs.
+
+    The episodes run concurrently and each one's calls run one after another, so the wall time a round adds is
+    (calls per episode) x (what capture adds to one call's latency). `turn` is the agent loop side's wall time per
+    call; a larger model or longer turns raise it, the added latency stays: the ratio at turn cost T is
+    1 + added / T."""
+    added = statistics.median(
+        (c["wall"] - a["wall"]) / (a["calls"] / args.episodes)
+        for c, a in zip(rounds["capture"], rounds["agent loop"], strict=True)
+    )
+    turn = median["agent loop"]["wall"] / (median["agent loop"]["calls"] / args.episodes)
+    requests = median["capture"]["calls"] / args.episodes  # per episode
+    endpoint = (median["capture"]["loop_cpu"] - median["agent loop"]["loop_cpu"]) / requests
+    harness = median["capture"]["harness_cpu"] / requests
+    print(f"per model call: capture adds {1000 * added:.1f} ms of latency (median of the rounds) to a turn of "
+          f"{1000 * turn:.1f} ms here; CPU per request: the endpoint {1000 * endpoint:.2f} ms in the rollout's event "
+          f"loop, the openai SDK {1000 * harness:.2f} ms in the harness process")  # fmt: skip
+    projected = ", ".join(f"{t:g} s: {1 + added / t:.3f}" for t in (0.25, 0.5, 1, 2, 4))
+    print(f"capture / agent loop at a turn cost of {projected}; within 1.05 from {added / 0.05:.2f} s a turn")
 
 
 def ending_turns(model_dir: Path, eos_scale: float) -> None:
@@ -215,6 +252,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="the engine's threads (0: all cores); one keeps a "
                         "loaded machine from stalling its kernels' threads")  # fmt: skip
+    parser.add_argument("--switch-interval", type=float, default=None, help="the interpreter's GIL switch interval "
+                        "in ms (default: Python's 5); the engine thread and the event loop share the GIL")  # fmt: skip
     parser.add_argument("--eos-scale", type=float, default=2.0, help="with --preset: how soon turns end (0: never)")
     return parser.parse_args()
 

@@ -74,6 +74,7 @@ class Episode:
         self.lock = asyncio.Lock()
         self.samples: EpisodeSamples | None = None
         self.history: list[Message] = []  # the conversation the current sample's tokens hold
+        self._history_keys: list[tuple[Any, ...]] = []  # its message keys, kept so a request compares only its own
         self.tools = tools_key(None)
         self.turns = self.sampled_tokens = self.retries = 0
         self.finished: str | None = None  # the stop reason once a budget ended the episode
@@ -142,7 +143,7 @@ class Episode:
         self.samples.add_generation(Generation(choice.token_ids, choice.logprobs, reason, choice.weight_version,
                                                versions))  # fmt: skip
         self.samples.head.messages = [*self._pending, reply]
-        self.history = [*self._pending, reply]
+        self._set_history([*self._pending, reply])
         self.turns += 1
         self.sampled_tokens += len(choice.token_ids)
         self._mark = None
@@ -195,7 +196,7 @@ class Episode:
         n = len(self.history)
         if self.samples is None or len(messages) < n:
             return None
-        if [message_key(m) for m in messages[:n]] != [message_key(m) for m in self.history]:
+        if [message_key(m) for m in messages[:n]] != self._history_keys:
             return None
         tail = messages[n:]
         return None if any(m["role"] == "assistant" for m in tail) else tail
@@ -211,9 +212,8 @@ class Episode:
             self.samples = None
         elif self.samples is not None:
             self.samples.rewind(mark.samples)
-        self.history, self.tools, self.turns, self.sampled_tokens = (
-            list(mark.history),
-            mark.tools,
-            mark.turns,
-            (mark.sampled_tokens),
-        )
+        self._set_history(list(mark.history))
+        self.tools, self.turns, self.sampled_tokens = mark.tools, mark.turns, mark.sampled_tokens
+
+    def _set_history(self, messages: list[Message]) -> None:
+        self.history, self._history_keys = messages, [message_key(m) for m in messages]
