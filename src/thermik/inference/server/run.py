@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,14 @@ from thermik.config.schema import ServeConfig, ServerConfig
 from thermik.errors import ThermikError
 
 KEEP_ALIVE_S = 30  # uvicorn's default 5 s closes pooled client connections between RL steps
+SWITCH_INTERVAL_S = 0.0005
+
+
+def use_short_switch_interval() -> None:
+    """A serving process's HTTP handlers and its decode thread share one interpreter lock, and a request waits for
+    the decode thread to hand it over: up to Python's default switch interval (5 ms) per hand-off, many per request.
+    0.5 ms made split-mode steps 1.25x faster (docs/process_split.md, "Measured")."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def load_engine(
@@ -97,6 +106,7 @@ def serve(cfg: ServeConfig) -> None:
     from thermik.inference.server.app import build_app
 
     check_port_free(cfg.server)
+    use_short_switch_interval()
     engine, tokenizer = serve_engine(cfg)
     s = cfg.server
     app = build_app(

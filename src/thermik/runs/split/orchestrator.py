@@ -25,6 +25,7 @@ from thermik.assembly.guards import ConsistencyGuards, served_weight_check
 from thermik.atomic import write_json_atomic
 from thermik.config.schema import RunConfig
 from thermik.inference.remote import RemoteEngine
+from thermik.inference.server.run import use_short_switch_interval
 from thermik.inference.shared_weights import unlink_segment
 from thermik.rollout.context import RolloutContext, evaluate_held_out, sample_groups
 from thermik.rollout.evaluation import EvalResult
@@ -303,4 +304,5 @@ async def orchestrate(cfg: RunConfig) -> dict[str, Any]:
 
 
 def run_orchestrator(cfg: RunConfig) -> dict[str, Any]:
+    use_short_switch_interval()  # its agent loops and HTTP client share one interpreter lock as the server's do
     return asyncio.run(orchestrate(cfg))
