@@ -19,7 +19,7 @@ SWITCH_INTERVAL_S = 0.0005
 def use_short_switch_interval() -> None:
     """A serving process's HTTP handlers and its decode thread share one interpreter lock, and a request waits for
     the decode thread to hand it over: up to Python's default switch interval (5 ms) per hand-off, many per request.
-    0.5 ms made split-mode steps 1.25x faster (docs/process_split.md, "Measured")."""
+    0.5 ms made split-mode steps about 1.25x faster in paired probes (docs/process_split.md, "Measured")."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
