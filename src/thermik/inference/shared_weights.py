@@ -15,8 +15,10 @@ when it stops; a crashed run may leave a few behind: `rm /dev/shm/thermik-*` fre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -76,6 +78,17 @@ def _step_word(buffer: torch.Tensor) -> torch.Tensor:
     return buffer[:8].view(torch.int64)
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run memory-bound copies on this calling thread's OpenMP team of one (see weights.copy_state for why)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def write_shared(state: dict[str, torch.Tensor], directory: Path, segment_name: str, step: int) -> Path:
     """Copy `state` into segment `segment_name` (reused when it is there at the same size, else created) as `step`,
     and write directory/shared_memory.json describing it. Returns the segment's path."""
@@ -95,14 +108,10 @@ def write_shared(state: dict[str, torch.Tensor], directory: Path, segment_name: 
         assert buffer is not None
     else:
         _step_word(buffer).fill_(-1)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # memory-bound copies: see weights.copy_state
-        try:
+        with one_thread():
             for entry, tensor in zip(entries, tensors, strict=True):
                 start = int(entry["offset"])
                 buffer[start : start + int(entry["nbytes"])].copy_(tensor.reshape(-1).view(torch.uint8))
-        finally:
-            torch.set_num_threads(threads)
     _step_word(buffer).fill_(step)
     manifest = {"segment": segment.name, "bytes": size, "step": step, "tensors": entries}
     (directory / MANIFEST).write_text(json.dumps(manifest))

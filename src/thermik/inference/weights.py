@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from thermik.atomic import publish_dir
 from thermik.inference.base import WeightSource
-from thermik.inference.shared_weights import is_shared, read_shared
+from thermik.inference.shared_weights import is_shared, one_thread, read_shared
 
 WEIGHTS_FILE = "model.safetensors"  # the file name of a published weight directory
 
@@ -71,10 +71,6 @@ def copy_state(params: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) 
     """Copy in place, on one OpenMP thread (this calling thread only): a copy is memory-bound, and a parallel region
     per tensor waits for every team thread to be scheduled; on a busy 2-core machine the 51 tensors of a 1M model
     took 230 ms with two threads and 0.15 ms with one (benchmarks/split_weight_transfer.py)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         for name, tensor in state.items():
             params[name].copy_(tensor)
-    finally:
-        torch.set_num_threads(threads)

@@ -21,10 +21,14 @@ WEIGHTS = "weights"  # rung by the trainer when it publishes weights; the orches
 SUPPORTED = sys.platform.startswith("linux")
 
 
+def run_key(run_dir: Path) -> str:
+    """A short name for this run directory that the split processes agree on (doorbells, shared-memory slots)."""
+    return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+
+
 def address(run_dir: Path, role: str) -> str:
     """The abstract socket name of `role`'s doorbell for this run directory."""
-    digest = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
-    return f"\0thermik-split-{digest}-{role}"
+    return f"\0thermik-split-{run_key(run_dir)}-{role}"
 
 
 class Doorbell:

@@ -7,7 +7,6 @@ Per step s: wait for `rollouts/step_<s>`, run the same update as `thermik rl` (`
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import ipaddress
 import json
 import re
@@ -124,9 +123,8 @@ def slot_segment(layout: SplitLayout, step: int, slots: int) -> str:
     """The shared-memory segment of `step`: slot step mod `slots` of this run directory. The orchestrator is never
     more than max_staleness + 1 steps behind (it loads every step in order), so max_staleness + 2 slots are never
     overwritten while it may still load them (a reader checks the step the segment holds, too)."""
-    digest = hashlib.sha1(str(layout.run_dir.resolve()).encode()).hexdigest()[:8]
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", layout.run_dir.name)[:40]
-    return f"thermik-{name}-{digest}-slot{step % slots}"
+    return f"thermik-{name}-{doorbell.run_key(layout.run_dir)}-slot{step % slots}"
 
 
 def uses_shared_memory(cfg: RunConfig) -> bool:
