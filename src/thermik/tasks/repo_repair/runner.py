@@ -18,8 +18,6 @@ import json
 import os
 import sys
 
-import pytest  # noqa: F401  (imported once, before the forks: the test files use pytest.approx)
-
 
 def test_names(path: str) -> list[str]:
     with open(path) as f:
@@ -88,6 +86,8 @@ def run_candidate(tests: list[str], files: dict, timeout_s: int) -> dict | None:
 
 
 def main() -> None:
+    import pytest  # noqa: F401  (imported once, before the forks: the test files use pytest.approx)
+
     with open(sys.argv[1]) as f:
         request = json.load(f)
     sys.path.insert(0, os.getcwd())
