@@ -24,7 +24,7 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, bytes]:
     head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-    length = next((int(line.split(":")[1]) for line in head.split("\r\n") if line.lower().startswith("content-length")))
+    length = next(int(line.split(":")[1]) for line in head.split("\r\n") if line.lower().startswith("content-length"))
     return head, await reader.readexactly(length)
 
 
@@ -87,8 +87,8 @@ def test_chunked_and_close_delimited_replies_are_read_whole() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await _read_request(reader)
         if n == 1:  # chunked, with a chunk extension and a trailer; the connection stays open
-            writer.write(b"HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n4;x=y\r\n{\"a\"\r\n3\r\n: 1\r\n1\r\n}")
-            writer.write(b"\r\n0\r\nx-trailer: 1\r\n\r\n")
+            writer.write(b"HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n")
+            writer.write(b'4;x=y\r\n{"a"\r\n3\r\n: 1\r\n1\r\n}\r\n0\r\nx-trailer: 1\r\n\r\n')
             await writer.drain()
             await _read_request(reader)
         writer.write(b"HTTP/1.1 500 Internal Server Error\r\nconnection: close\r\n\r\nboom")  # no length: to EOF
