@@ -129,7 +129,8 @@ class KeepAliveClient:
                 return Reply(status, await reader.read()), False
         except (asyncio.IncompleteReadError, OSError, ValueError) as exc:
             raise httpx.RemoteProtocolError(f"the reply ended early: {exc}") from exc
-        keep = headers.get("connection", "").lower() != "close"
+        connection = headers.get("connection", "").lower()
+        keep = connection == "keep-alive" if head.startswith(b"HTTP/1.0") else connection != "close"
         return Reply(status, content), keep
 
     async def aclose(self) -> None:
