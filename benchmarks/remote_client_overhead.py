@@ -4,7 +4,7 @@ Starts `thermik inference` on --model (one torch thread, on a free loopback port
 --concurrency `/v1/completions` requests (a 100-token prompt, --max-tokens new tokens, so decoding costs little)
 through `RemoteEngine` twice: over its lean HTTP/1.1 client (what an http:// server gets) and over httpx (what an
 https:// server gets). It prints, per request, the wall time and the CPU time of the client process and of the
-server process. A split RL step of the calculator sends about 250 such requests (96 episodes, 2-3 turns each).
+server process. A split RL step of the calculator sends about 190 such requests (96 episodes of about 2 turns).
 
     thermik model init --preset qwen2-1m --out runs/models/qwen2-1m
     python benchmarks/remote_client_overhead.py --model runs/models/qwen2-1m --concurrency 96 --rounds 8
