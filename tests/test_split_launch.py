@@ -19,6 +19,7 @@ from orphans import left_after_kill
 from serving import free_port
 
 from thermik.config import dump_toml
+from thermik.runs.split.launch import torch_threads
 from thermik.runs.split.protocol import SplitLayout, published_steps
 
 
@@ -152,3 +153,13 @@ def test_a_base_url_that_misses_the_server_is_named_before_anything_starts(tmp_p
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert "does not reach the server this run starts on server.port" in result.stderr, result.stderr
     assert "[split] started" not in result.stdout
+
+
+def test_asynchronous_split_processes_share_the_cores_instead_of_each_taking_all() -> None:
+    """Decoding and training overlap: on 2 cores the server and the trainer get one torch thread each (4 spinning
+    OpenMP threads on 2 cores stall each other); synchronous runs and a user's OMP_NUM_THREADS keep the default."""
+    assert torch_threads(True, {}, 2) == {"inference": 1, "trainer": 1, "orchestrator": 1}
+    assert torch_threads(True, {}, 16) == {"inference": 8, "trainer": 8, "orchestrator": 1}
+    assert torch_threads(True, {}, 1) == {"inference": 1, "trainer": 1, "orchestrator": 1}
+    assert torch_threads(False, {}, 2) == {}
+    assert torch_threads(True, {"OMP_NUM_THREADS": "2"}, 2) == {}

@@ -91,9 +91,10 @@ def _cmd_rl(cfg: RunConfig) -> None:
 
 
 def _cmd_split(cfg: RunConfig, argv: list[str]) -> None:
+    from thermik.rollout.staleness import is_asynchronous
     from thermik.runs.split.launch import launch_split
 
-    code = launch_split(_bare_record(argv), cfg.server, cfg.inference.base_url)
+    code = launch_split(_bare_record(argv), cfg.server, cfg.inference.base_url, is_asynchronous(cfg))
     if code:
         sys.exit(code)
 

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from thermik.inference.base import Generation, SamplingParams, StopReason, WeightSource, next_version
+from thermik.inference.keepalive_http import KeepAliveClient
 from thermik.inference.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
 from thermik.inference.weights import save_state_dict
 
@@ -103,15 +104,10 @@ class RemoteEngine:
         self.model = model or None
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0))
-        self._limits = httpx.Limits(
-            max_connections=max_connections,
-            max_keepalive_connections=max_connections,
-            keepalive_expiry=KEEPALIVE_EXPIRY_S,
-        )
+        self._timeout_s, self._max_connections = timeout_s, max_connections
         self._own_weights_dir = not weights_dir
         self.weights_dir = Path(weights_dir) if weights_dir else Path(tempfile.mkdtemp(prefix="thermik-weights-"))
-        self._client: httpx.AsyncClient | None = None
+        self._client: KeepAliveClient | httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._version = 0
         self._pushed: Path | None = None
@@ -121,13 +117,23 @@ class RemoteEngine:
     def weight_version(self) -> int:
         return self._version
 
-    def _http(self) -> httpx.AsyncClient:
-        """One client per event loop: pooled connections belong to the loop that opened them."""
+    def _http(self) -> KeepAliveClient | httpx.AsyncClient:
+        """One client per event loop: pooled connections belong to the loop that opened them. An http:// server
+        gets the lean keep-alive client (keepalive_http.py: a fraction of httpx's CPU per request), https httpx."""
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
-            self._client = httpx.AsyncClient(
-                base_url=self.base_url, headers=self._headers, timeout=self._timeout, limits=self._limits
-            )
+            connect_s = min(self._timeout_s, 30.0)
+            if self.base_url.startswith("http://"):
+                self._client = KeepAliveClient(
+                    self.base_url, headers=self._headers, timeout_s=self._timeout_s, connect_timeout_s=connect_s,
+                    max_connections=self._max_connections, keepalive_expiry_s=KEEPALIVE_EXPIRY_S,
+                )  # fmt: skip
+            else:
+                limits = httpx.Limits(max_connections=self._max_connections,
+                                      max_keepalive_connections=self._max_connections,
+                                      keepalive_expiry=KEEPALIVE_EXPIRY_S)  # fmt: skip
+                self._client = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, limits=limits,
+                                                 timeout=httpx.Timeout(self._timeout_s, connect=connect_s))  # fmt: skip
             self._client_loop = loop
         return self._client
 

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
@@ -52,25 +53,40 @@ def check_server_reachable(server: ServerConfig, base_url: str) -> None:
         )
 
 
-def launch_split(argv: list[str], server: ServerConfig, base_url: str) -> int:
+def launch_split(argv: list[str], server: ServerConfig, base_url: str, asynchronous: bool = False) -> int:
     """Run the three processes on `argv` (a config's `@ FILE` and overrides; `server`: its [server] section,
-    `base_url`: inference.base_url); returns the exit code of the run. A taken server.port, or an inference.base_url
-    that does not reach the server this launcher starts, is refused before anything starts."""
+    `base_url`: inference.base_url, `asynchronous`: max_async_steps > 0); returns the exit code of the run. A taken
+    server.port, or an inference.base_url that does not reach the server this launcher starts, is refused before
+    anything starts."""
     check_server_reachable(server, base_url)
     check_port_free(server)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # a stopped launcher stops its children
+    threads = torch_threads(asynchronous, os.environ, os.cpu_count() or 1)
     children: list[Child] = []
     try:
         for name in PROCESSES:
-            children.append(_start(name, argv))
+            children.append(_start(name, argv, threads.get(name)))
         return _supervise(children)
     finally:
         _stop(children)
 
 
-def _start(name: str, argv: list[str]) -> Child:
+def torch_threads(asynchronous: bool, environ: Mapping[str, str], cpus: int) -> dict[str, int]:
+    """Torch threads per process name. Asynchronous, the server decodes while the trainer trains, here on the same
+    cores: each OpenMP team of all the cores would spin against the other, so each takes half of them (as
+    `thermik rl` splits its threads between the two halves: runs/local.thread_split) and the orchestrator, which
+    runs no model, one. Synchronous runs, or an OMP_NUM_THREADS the user set, keep the defaults."""
+    if not asynchronous or "OMP_NUM_THREADS" in environ:
+        return {}
+    half = max(1, cpus // 2)
+    return {"inference": half, "trainer": max(1, cpus - half), "orchestrator": 1}
+
+
+def _start(name: str, argv: list[str], threads: int | None = None) -> Child:
+    env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.Popen(
         dying_with_parent([sys.executable, "-m", "thermik.cli", name, *argv]),  # SIGKILLed when the launcher dies
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
