@@ -147,14 +147,13 @@ Side = Callable[[int], Awaitable[tuple[int, int, int, float]]]
 
 
 async def main(args: argparse.Namespace) -> None:
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval / 1000)
     engine, tokenizer = load_engine(args.model, seed=0, num_threads=args.threads)
     chat = ChatTokenizer(tokenizer)
     harnesses = HarnessProcess()
     load = os.getloadavg()[0]
     async with serve_capture(engine, tokenizer, "policy", max_model_len=2048) as capture:
-        if args.switch_interval is not None:  # instead of the one serve_capture serves with
-            sys.setswitchinterval(args.switch_interval / 1000)
-        args.interval_ms = 1000 * sys.getswitchinterval()
         sides: dict[str, Side] = {"agent loop": lambda s: agent_loop_side(engine, chat, args, s),
                                   "capture": lambda s: capture_side(harnesses, capture, args, s)}  # fmt: skip
         rounds = await play_rounds(sides, args)
@@ -184,7 +183,7 @@ async def play_rounds(sides: dict[str, Side], args: argparse.Namespace) -> dict[
 def report(args: argparse.Namespace, rounds: dict[str, list[dict[str, float]]], load: tuple[float, float]) -> None:
     print(
         f"{args.episodes} episodes x <= {args.turns} turns x <= {args.tokens} tokens, {args.rounds} rounds, "
-        f"load average {load[0]:.1f} -> {load[1]:.1f}, GIL switch interval {args.interval_ms:g} ms"
+        f"load average {load[0]:.1f} -> {load[1]:.1f}, GIL switch interval {1000 * sys.getswitchinterval():g} ms"
     )
     median = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in rounds.items()}
     for name, m in median.items():
@@ -254,8 +253,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="the engine's threads (0: all cores); one keeps a "
                         "loaded machine from stalling its kernels' threads")  # fmt: skip
     parser.add_argument("--switch-interval", type=float, default=None, help="the interpreter's GIL switch interval "
-                        "in ms (default: the 0.5 ms serve_capture serves with; Python's own is 5); the engine thread "
-                        "and the event loop share the GIL")  # fmt: skip
+                        "in ms (default: Python's 5); the engine thread and the event loop share the GIL")  # fmt: skip
     parser.add_argument("--eos-scale", type=float, default=2.0, help="with --preset: how soon turns end (0: never)")
     return parser.parse_args()
 

@@ -549,29 +549,3 @@ def test_real_engine_responses_stream_as_sampled(real: Any) -> None:
     traj = capture.close(handle.id)
     assert traj.num_turns == 2 and traj.continuations == []
     check_against_engine(traj, recording, slice(before, None))
-
-
-def test_serve_capture_serves_with_the_short_switch_interval_and_restores_it(tiny_model_dir: Path) -> None:
-    """The endpoint's handlers share the interpreter lock with an in-process engine's decode thread: while
-    `serve_capture` serves, hand-offs wait at most the short switch interval `thermik inference` uses; the
-    process's own interval is back when the block ends."""
-    import sys
-
-    from thermik.capture import serve_capture
-    from thermik.inference.server.run import SWITCH_INTERVAL_S
-    from thermik.models.loading import load_tokenizer
-
-    tokenizer = load_tokenizer(tiny_model_dir)
-
-    async def interval_while_serving() -> float:
-        async with serve_capture(ScriptedEngine(tokenizer), tokenizer, MODEL, max_model_len=512) as capture:
-            handle = capture.open()
-            async with httpx.AsyncClient() as client:  # it serves meanwhile
-                reply = await client.get(f"{handle.base_url}/models")
-            assert reply.status_code == 200, reply.text
-            return sys.getswitchinterval()
-
-    before = sys.getswitchinterval()
-    assert before != SWITCH_INTERVAL_S
-    assert asyncio.run(interval_while_serving()) == SWITCH_INTERVAL_S
-    assert sys.getswitchinterval() == before

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +14,6 @@ from thermik.capture.routes import CaptureRoutes, mount
 from thermik.inference.base import InferenceEngine
 from thermik.inference.server.app import OpenAIServer
 from thermik.inference.server.errors import ApiError
-from thermik.inference.server.run import use_short_switch_interval
 from thermik.models.chat import ChatTokenizer
 from thermik.rollout.trajectory import Trajectory
 
@@ -122,11 +120,7 @@ async def serve_capture(
     engine: InferenceEngine, tokenizer: Any, model_name: str, max_model_len: int, host: str = "127.0.0.1", port: int = 0
 ) -> AsyncIterator[Capture]:
     """The inference app over `engine` with the capture mounted, served by uvicorn in this event loop until the
-    block ends (port 0: a free one); yields the capture, its `url` set.
-
-    While it serves, the interpreter's GIL switch interval is the short one `thermik inference` uses (restored
-    after): the endpoint's handlers share the interpreter lock with an in-process engine's decode thread, and each
-    hand-off otherwise waits up to Python's 5 ms (benchmarks/README.md, `capture_overhead.py`)."""
+    block ends (port 0: a free one); yields the capture, its `url` set."""
     import asyncio
 
     import uvicorn
@@ -138,20 +132,15 @@ async def serve_capture(
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
                             timeout_keep_alive=KEEP_ALIVE_S)  # fmt: skip
     server = uvicorn.Server(config)
-    previous_interval = sys.getswitchinterval()
-    use_short_switch_interval()
+    task = asyncio.get_running_loop().create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()  # raises why the server could not start
+        await asyncio.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()
+    capture.url = f"http://{host}:{bound[1]}"
     try:
-        task = asyncio.get_running_loop().create_task(server.serve())
-        while not server.started:
-            if task.done():
-                task.result()  # raises why the server could not start
-            await asyncio.sleep(0.01)
-        bound = server.servers[0].sockets[0].getsockname()
-        capture.url = f"http://{host}:{bound[1]}"
-        try:
-            yield capture
-        finally:
-            server.should_exit = True
-            await task
+        yield capture
     finally:
-        sys.setswitchinterval(previous_interval)
+        server.should_exit = True
+        await task
