@@ -11,7 +11,7 @@ their rows, and the engine thread's CPU against its busy wall time.
 
 It times by wrapping the engine's, the queue's and the routes' methods in this process only: a probe, not a
 product path. Run: `python benchmarks/capture_latency.py [--model DIR | --preset qwen2-1m] [--episodes 16]
-[--turns 4] [--tokens 24] [--switch-interval MS]`.
+[--turns 4] [--tokens 24] [--switch-interval MS]` (the options of capture_overhead.py).
 """
 
 from __future__ import annotations
@@ -20,18 +20,13 @@ import argparse
 import asyncio
 import functools
 import itertools
-import multiprocessing
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
-from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import capture_overhead as co
-import openai
 
 from thermik.capture import registry
 from thermik.capture import routes as capture_routes
@@ -144,49 +139,6 @@ def timed_engine(engine: Any) -> None:
     type(engine).generate = timed
 
 
-async def timed_play(sdk: openai.AsyncOpenAI, log: list[tuple[str, str, float]], client: dict[str, str], i: int,
-                     seed: int, turns: int, tokens: int) -> None:  # fmt: skip
-    """`capture_overhead.play` with the harness's send and receive times."""
-    api = sdk.with_options(base_url=client["base_url"], api_key=client["api_key"])
-    episode = client["base_url"].split("/episodes/")[1].split("/")[0]
-    env, messages = co.ChatEnv(turns), co.prompt(i)
-    for turn in range(turns):
-        log.append((episode, "send", now()))
-        reply = await api.chat.completions.create(model=client["model"], messages=messages, max_tokens=tokens,
-                                                  seed=seed + co.SEED_STRIDE * turn)  # fmt: skip
-        log.append((episode, "harness has it", now()))
-        text = reply.choices[0].message.content or ""
-        out = env.step(text)
-        if out.done or reply.choices[0].finish_reason != "stop":
-            break
-        messages = [*messages, {"role": "assistant", "content": text}, *out.observations]
-
-
-def harness_worker(conn: Connection) -> None:
-    async def serve() -> None:
-        async with openai.AsyncOpenAI(base_url="http://127.0.0.1", api_key="unused", max_retries=0) as sdk:
-            while (batch := conn.recv()) is not None:
-                log: list[tuple[str, str, float]] = []
-                await asyncio.gather(*(timed_play(sdk, log, *episode) for episode in batch))
-                conn.send(log)
-
-    asyncio.run(serve())
-
-
-class TimedHarnesses(co.HarnessProcess):
-    def __init__(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=harness_worker, args=(child,), daemon=True)
-        self.process.start()
-
-    async def play(self, batch: list[tuple[Any, ...]]) -> float:
-        self.conn.send(batch)
-        for episode, step, t in await asyncio.to_thread(self.conn.recv):
-            EVENTS[episode].append((step, t))
-        return 0.0
-
-
 def report(side: str, steps: list[str], wall: float) -> None:
     """Median ms of each step over the batch's calls, then the engine's iterations."""
     spans: defaultdict[str, list[float]] = defaultdict(list)
@@ -221,7 +173,7 @@ async def main(args: argparse.Namespace) -> None:
     instrument()
     engine, tokenizer = co.load_engine(args.model, seed=0, num_threads=args.threads)
     timed_engine(engine)
-    chat, harnesses = co.ChatTokenizer(tokenizer), TimedHarnesses()
+    chat, harnesses = co.ChatTokenizer(tokenizer), co.HarnessProcess(timed=True)
     async with co.serve_capture(engine, tokenizer, "policy", max_model_len=2048) as capture:
         if args.switch_interval is not None:
             sys.setswitchinterval(args.switch_interval / 1000)
@@ -233,6 +185,8 @@ async def main(args: argparse.Namespace) -> None:
             ITERATIONS.clear()
             start = now()
             await side(seed // 2)
+            for base_url, step, t in harnesses.log if name == "capture" else ():
+                EVENTS[base_url.split("/episodes/")[1].split("/")[0]].append((step, t))
             if seed >= 2:  # the first of each side warms up
                 report(name, steps, now() - start)
     harnesses.close()
@@ -240,17 +194,4 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=None)
-    parser.add_argument("--preset", default="qwen2-1m")
-    parser.add_argument("--episodes", type=int, default=16)
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=24)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--switch-interval", type=float, default=None)
-    parser.add_argument("--eos-scale", type=float, default=2.0)
-    arguments = parser.parse_args()
-    if arguments.model is None:
-        arguments.model = co.init_model(arguments.preset, Path(tempfile.mkdtemp()) / arguments.preset, seed=0)
-        co.ending_turns(arguments.model, arguments.eos_scale)
-    asyncio.run(main(arguments))
+    asyncio.run(main(co.parse(__doc__)))  # --rounds is not used: one batch a side
