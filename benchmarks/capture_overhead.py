@@ -78,13 +78,19 @@ async def agent_loop_side(
     return (*counts(trajs), 0.0)
 
 
-async def play(sdk: openai.AsyncOpenAI, client: dict[str, str], i: int, seed: int, turns: int, tokens: int) -> None:
-    """One episode as a user's harness plays it: the openai SDK's chat loop against the episode's base URL."""
+async def play(sdk: openai.AsyncOpenAI, client: dict[str, str], i: int, seed: int, turns: int, tokens: int,
+               log: list[tuple[str, str, float]] | None = None) -> None:  # fmt: skip
+    """One episode as a user's harness plays it: the openai SDK's chat loop against the episode's base URL. `log`
+    gets (base URL, "send" | "harness has it", perf_counter time) around each call (capture_latency.py)."""
     api = sdk.with_options(base_url=client["base_url"], api_key=client["api_key"])
     env, messages = ChatEnv(turns), prompt(i)
     for turn in range(turns):
+        if log is not None:
+            log.append((client["base_url"], "send", time.perf_counter()))
         reply = await api.chat.completions.create(model=client["model"], messages=messages, max_tokens=tokens,
                                                   seed=seed + SEED_STRIDE * turn)  # fmt: skip
+        if log is not None:
+            log.append((client["base_url"], "harness has it", time.perf_counter()))
         text = reply.choices[0].message.content or ""
         out = env.step(text)
         if out.done or reply.choices[0].finish_reason != "stop":
@@ -92,16 +98,17 @@ async def play(sdk: openai.AsyncOpenAI, client: dict[str, str], i: int, seed: in
         messages = [*messages, {"role": "assistant", "content": text}, *out.observations]
 
 
-def harness_worker(conn: Connection) -> None:
-    """The harness process: plays each batch of episodes it is sent, concurrently, and answers its CPU seconds.
-    Its SDK clients share one connection pool (an SDK client's TLS context is the harness's cost)."""
+def harness_worker(conn: Connection, timed: bool) -> None:
+    """The harness process: plays each batch of episodes it is sent, concurrently, and answers its CPU seconds (and,
+    `timed`, each call's send and receive times). Its SDK clients share one connection pool (an SDK client's TLS
+    context is the harness's cost)."""
 
     async def serve() -> None:
         async with openai.AsyncOpenAI(base_url="http://127.0.0.1", api_key="unused", max_retries=0) as sdk:
             while (batch := conn.recv()) is not None:
-                start = time.process_time()
-                await asyncio.gather(*(play(sdk, *episode) for episode in batch))
-                conn.send(time.process_time() - start)
+                start, log = time.process_time(), [] if timed else None
+                await asyncio.gather(*(play(sdk, *episode, log) for episode in batch))
+                conn.send((time.process_time() - start, log or []))
 
     asyncio.run(serve())
 
@@ -110,16 +117,18 @@ class HarnessProcess:
     """The harnesses in a process of their own, as thermik runs them (agent.command and agent.entrypoint run beside
     the rollout, never in its process): this process does the endpoint's work, not the SDK's."""
 
-    def __init__(self) -> None:
+    def __init__(self, timed: bool = False) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=harness_worker, args=(child,), daemon=True)
+        self.process = context.Process(target=harness_worker, args=(child, timed), daemon=True)
         self.process.start()
+        self.log: list[tuple[str, str, float]] = []
 
     async def play(self, batch: list[tuple[Any, ...]]) -> float:
-        """The harness process's CPU seconds for the batch."""
+        """The harness process's CPU seconds for the batch; `log`: its calls' times when timed (see `play`)."""
         self.conn.send(batch)
-        return await asyncio.to_thread(self.conn.recv)
+        cpu, self.log = await asyncio.to_thread(self.conn.recv)
+        return cpu
 
     def close(self) -> None:
         self.conn.send(None)
@@ -242,8 +251,9 @@ def ending_turns(model_dir: Path, eos_scale: float) -> None:
     model.save_pretrained(model_dir)
 
 
-def parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse(description: str | None = __doc__) -> argparse.Namespace:
+    """The options, shared with capture_latency.py; `model` is a directory (a fresh --preset without --model)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--preset", default="qwen2-1m")
     parser.add_argument("--episodes", type=int, default=16)
@@ -255,13 +265,13 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--switch-interval", type=float, default=None, help="the interpreter's GIL switch interval "
                         "in ms (default: Python's 5); the engine thread and the event loop share the GIL")  # fmt: skip
     parser.add_argument("--eos-scale", type=float, default=2.0, help="with --preset: how soon turns end (0: never)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.model is None:
+        args.model = init_model(args.preset, Path(tempfile.mkdtemp()) / args.preset, seed=0)
+        if args.eos_scale:
+            ending_turns(args.model, args.eos_scale)
+    return args
 
 
 if __name__ == "__main__":
-    arguments = parse()
-    if arguments.model is None:
-        arguments.model = init_model(arguments.preset, Path(tempfile.mkdtemp()) / arguments.preset, seed=0)
-        if arguments.eos_scale:
-            ending_turns(arguments.model, arguments.eos_scale)
-    asyncio.run(main(arguments))
+    asyncio.run(main(parse()))
