@@ -27,7 +27,7 @@ mkdir -p "$RUNS"
 TIMES="$RUNS/repo-repair-times.jsonl"
 : > "$TIMES"
 source examples/stage.sh  # stage NAME COMMAND...: runs it, appends its wall time to $TIMES
-stage init thermik model init --preset qwen2-5m --seed "$SEED" --out "$RUNS/repo-repair-init" --overwrite
+stage init thermik model init --preset qwen2-1m --context 4096 --seed "$SEED" --out "$RUNS/repo-repair-init" --overwrite
 stage synthesize thermik synthesize --env repo_repair --seed "$SEED" --out "$RUNS/repo-repair-data" \
   --config examples/repo_repair/rl.toml "${SYNTH[@]}"
 stage sft thermik sft @ examples/repo_repair/sft.toml --seed "$SEED" --output_dir "$RUNS" \
