@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The repo_repair example on CPU: tiny model -> generated tasks + expert trajectories -> SFT warm-up -> GRPO ->
+# The repo_repair example on CPU: tiny model (4096-token context) -> generated tasks + expert trajectories -> SFT warm-up -> GRPO ->
 # held-out table (held-out tasks come from template families training never used).
 #   bash examples/repo_repair/run.sh [--seed N] [--runs DIR]
 #   bash examples/repo_repair/run.sh --quick     # every stage shrunk to a few steps: proves the path, not a result
 # Each stage's wall time goes to RUNS/repo-repair-times.jsonl ({"stage", "seconds"} per line).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SYNTH=(--n 400) SFT=() RL=()
+SYNTH=(--n 160) SFT=() RL=()
 SEED=0 RUNS=runs
 usage() { echo "usage: bash examples/repo_repair/run.sh [--quick] [--seed N] [--runs DIR]" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
