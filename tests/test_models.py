@@ -269,3 +269,16 @@ def test_load_model_sets_eval_mode_and_device(tmp_path):
     model = load_model(init_model("qwen3-1m", tmp_path / "m"), device="cpu")
     assert not model.training
     assert next(model.parameters()).device == torch.device("cpu")
+
+
+def test_init_context_sets_the_window_thermik_reads_and_the_model_runs_past_2048(tmp_path):
+    from thermik.models.context_window import context_window
+
+    out = init_model("qwen2-1m", tmp_path / "m", seed=1, context=4096)
+    assert context_window(out, load_tokenizer(out)) == 4096
+    assert context_window(init_model("qwen2-1m", tmp_path / "d", seed=1), None) == 2048
+    with torch.no_grad():
+        logits = load_model(out)(torch.zeros(1, 3000, dtype=torch.long)).logits
+    assert logits.shape[1] == 3000 and torch.isfinite(logits).all()
+    with pytest.raises(ThermikError, match="--context"):
+        init_model("qwen2-1m", tmp_path / "s", context=16)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -15,10 +16,11 @@ import pytest
 from thermik.config.schema import EnvConfig, RepoRepairConfig, SamplingConfig
 from thermik.tasks.registry import generate_rows, make_env, solve
 from thermik.tasks.repo_repair import generate, mutations
+from thermik.tasks.repo_repair.expert import expert_plan
 from thermik.tasks.repo_repair.grade import grade, parse_outcomes
 from thermik.tasks.repo_repair.sandbox import Sandbox, SandboxLimits, bwrap_path
 from thermik.tasks.repo_repair.templates import FAMILIES, HELD_OUT_FAMILIES, Unit, families_for
-from thermik.tasks.repo_repair.tools import PYTEST, RepoTools, ToolFailure
+from thermik.tasks.repo_repair.tools import PYTEST, TOOL_NAMES, RepoTools, ToolFailure
 from thermik.tools.mcp_pool import MCPPool
 
 needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="needs bubblewrap (apt-get install bubblewrap)")
@@ -211,37 +213,78 @@ def test_restoring_tests_does_not_follow_a_symlink_out(task: tuple[Path, dict[st
     assert list(target.iterdir()) == []
 
 
+def _expert_rows(
+    out: Path, n: int, split: str, tools: str = "in-process", **knobs: Any
+) -> tuple[EnvConfig, list[dict[str, Any]]]:
+    cfg = RepoRepairConfig(tasks_dir=str(out), max_output_chars=500, tools=tools, **knobs)
+    options = EnvConfig(name="repo_repair", max_turns=20, repo_repair=cfg)
+    return options, generate_rows("repo_repair", n, 3, split, options)
+
+
+def _apply_edits(repo: Path, plan: list[Any]) -> dict[str, str]:
+    files: dict[str, str] = {}
+    for step in (s for s in plan if s.tool == "edit_file"):
+        path, old = step.arguments["path"], step.arguments["old_str"]
+        text = files.get(path, (repo / path).read_text())
+        assert text.count(old) == 1, f"{path}: the expert's old_str is not unique"
+        files[path] = text.replace(old, step.arguments["new_str"])
+    return files
+
+
+@needs_bwrap
+def test_expert_episodes_average_8_turns_vary_and_apply_the_known_fix(tmp_path: Path) -> None:
+    _, rows = _expert_rows(tmp_path / "one", 20, "train")
+    _, two_bugs = _expert_rows(tmp_path / "two", 4, "eval", bugs=2, modules=3, name_function=False)
+    plans = [expert_plan(row) for row in rows + two_bugs]
+    turns = [len(plan) for plan in plans]
+    assert sum(turns) / len(turns) >= 8 and min(turns) >= 7, turns
+    shapes = {tuple((s.thought, s.tool) for s in plan) for plan in plans}
+    assert len(shapes) >= len(plans) // 2, "expert episodes barely vary"
+    assert {s.tool for plan in plans for s in plan} == set(TOOL_NAMES)
+    for row, plan in zip(rows + two_bugs, plans, strict=True):
+        tools = [s.tool for s in plan]
+        first_edit, last_edit = tools.index("edit_file"), len(tools) - 1 - tools[::-1].index("edit_file")
+        assert tools[-1] == "finish" and "run_tests" in tools[:first_edit] and "run_tests" in tools[last_edit:]
+        assert any(s.thought == "test" for s in plan[:first_edit]), "the failing test is read before the edit"
+        record, repo = row["reward_spec"]["ground_truth"], Path(row["extra_info"]["repo_path"])
+        fixed = tmp_path / "fixed" / record["instance_id"]
+        shutil.copytree(repo, fixed)
+        subprocess.run(["git", "apply", "-"], cwd=fixed, input=record["patch"], text=True, check=True)
+        assert _apply_edits(repo, plan) == {p: (fixed / p).read_text() for p in _apply_edits(repo, plan)}
+    assert sum(turns[len(rows) :]) / len(two_bugs) > sum(turns[: len(rows)]) / len(rows), "2 bugs take more steps"
+
+
 @needs_bwrap
 @pytest.mark.slow
-@pytest.mark.parametrize("tools_mode", ["in-process", "mcp"])
-def test_the_expert_trajectory_replays_to_reward_1(tools_mode: str, tmp_path: Path) -> None:
-    options = EnvConfig(
-        name="repo_repair", max_turns=20, repo_repair=RepoRepairConfig(tasks_dir=str(tmp_path), tools=tools_mode)
-    )
-    row = generate_rows("repo_repair", 1, 3, "train", options)[0]
-    conversation = solve(row, options)
-    assert [m["role"] for m in conversation][-1] == "assistant" and len(conversation) >= 11
+@pytest.mark.parametrize(("tools_mode", "n"), [("in-process", 5), ("mcp", 1)])
+def test_expert_trajectories_replay_to_reward_1(tools_mode: str, n: int, tmp_path: Path) -> None:
+    """Through the env, the real tools and the sandbox: the same observations, and the task resolved."""
+    options, rows = _expert_rows(tmp_path, n, "train", tools_mode)
+    for row in rows:
+        conversation = solve(row, options)
+        assert [m["role"] for m in conversation][-1] == "assistant" and len(conversation) >= 2 + 2 * 7 - 1
 
-    async def replay() -> tuple[float, list[str], dict[str, Any]]:
-        pool = MCPPool()
-        env = make_env("repo_repair", reward_spec=row["reward_spec"], extra_info=row["extra_info"], options=options,
-                       pool=pool)  # fmt: skip
-        await env.ainit(row["prompt"])
-        observations: list[str] = []
-        try:
-            for message in (m for m in conversation if m["role"] == "assistant"):
-                out = await env.astep(message["content"])
-                observations += [o["content"] for o in out.observations]
-                if out.done:
-                    return out.reward, observations, out.metadata
-        finally:
-            await env.aclose()
-            await pool.aclose()
-        raise AssertionError("the expert never finished")
+        async def replay(row: dict[str, Any] = row, conversation: list[dict[str, Any]] = conversation) -> Any:
+            pool = MCPPool()
+            env = make_env("repo_repair", reward_spec=row["reward_spec"], extra_info=row["extra_info"],
+                           options=options, pool=pool)  # fmt: skip
+            await env.ainit(row["prompt"])
+            observations: list[str] = []
+            try:
+                for message in (m for m in conversation if m["role"] == "assistant"):
+                    out = await env.astep(message["content"])
+                    observations += [o["content"] for o in out.observations]
+                    if out.done:
+                        return out.reward, observations, out.metadata
+            finally:
+                await env.aclose()
+                await pool.aclose()
+            raise AssertionError("the expert never finished")
 
-    reward, observations, metadata = asyncio.run(replay())
-    assert reward == 1.0 and metadata["env_metrics"]["repo_repair/resolved"] == 1.0
-    assert observations == [m["content"] for m in conversation if m["role"] == "tool"]
+        reward, observations, metadata = asyncio.run(replay())
+        assert reward == 1.0 and metadata["env_metrics"]["repo_repair/resolved"] == 1.0
+        assert observations == [m["content"] for m in conversation if m["role"] == "tool"]
+        assert not any(o.startswith(("bash: bad", "unknown tool")) or "[exit code 128]" in o for o in observations)
 
 
 class _MetricsEnv:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The repo_repair example on CPU: tiny model -> generated tasks + expert trajectories -> SFT warm-up -> GRPO ->
+# The repo_repair example on CPU: tiny model (4096-token context) -> generated tasks + expert trajectories -> SFT warm-up -> GRPO ->
 # held-out table (held-out tasks come from template families training never used).
 #   bash examples/repo_repair/run.sh [--seed N] [--runs DIR]
 #   bash examples/repo_repair/run.sh --quick     # every stage shrunk to a few steps: proves the path, not a result
 # Each stage's wall time goes to RUNS/repo-repair-times.jsonl ({"stage", "seconds"} per line).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SYNTH=(--n 400) SFT=() RL=()
+SYNTH=(--n 160) SFT=() RL=()
 SEED=0 RUNS=runs
 usage() { echo "usage: bash examples/repo_repair/run.sh [--quick] [--seed N] [--runs DIR]" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -27,7 +27,7 @@ mkdir -p "$RUNS"
 TIMES="$RUNS/repo-repair-times.jsonl"
 : > "$TIMES"
 source examples/stage.sh  # stage NAME COMMAND...: runs it, appends its wall time to $TIMES
-stage init thermik model init --preset qwen2-5m --seed "$SEED" --out "$RUNS/repo-repair-init" --overwrite
+stage init thermik model init --preset qwen2-1m --context 4096 --seed "$SEED" --out "$RUNS/repo-repair-init" --overwrite
 stage synthesize thermik synthesize --env repo_repair --seed "$SEED" --out "$RUNS/repo-repair-data" \
   --config examples/repo_repair/rl.toml "${SYNTH[@]}"
 stage sft thermik sft @ examples/repo_repair/sft.toml --seed "$SEED" --output_dir "$RUNS" \

@@ -170,6 +170,9 @@ def _cmd_model(argv: list[str]) -> int:
     init.add_argument("--out", required=True, type=Path, help="Output directory.")
     init.add_argument("--seed", type=int, default=0, help="Initialisation seed.")
     init.add_argument("--overwrite", action="store_true", help="Replace an existing model directory.")
+    init.add_argument(
+        "--context", type=int, default=2048, help="Context window in tokens (max_position_embeddings; default 2048)."
+    )
     add_import_parser(sub)
     args = p.parse_args(argv)
     if args.action == "import":
@@ -177,7 +180,7 @@ def _cmd_model(argv: list[str]) -> int:
     from thermik.atomic import writable_dir
 
     writable_dir(args.out.parent, "--out")
-    path = init_model(args.preset, args.out, seed=args.seed, overwrite=args.overwrite)
+    path = init_model(args.preset, args.out, seed=args.seed, overwrite=args.overwrite, context=args.context)
     print(f"saved {args.preset} to {path}")
     return 0
 

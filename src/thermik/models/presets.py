@@ -93,11 +93,14 @@ def get_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
-def build_config(name: str, tokenizer: PreTrainedTokenizerBase | None = None) -> PretrainedConfig:
-    """The HF config of preset `name`, with vocabulary and special ids taken from `tokenizer` (default: ours)."""
+def build_config(
+    name: str, tokenizer: PreTrainedTokenizerBase | None = None, context: int = MAX_POSITION_EMBEDDINGS
+) -> PretrainedConfig:
+    """The HF config of preset `name`, with vocabulary and special ids taken from `tokenizer` (default: ours), and a
+    context window of `context` positions."""
     tok = tokenizer if tokenizer is not None else build_tokenizer()
     special = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id}
-    return _config(get_preset(name), len(tok), special)
+    return _config(get_preset(name), len(tok), special, context)
 
 
 def shape_config(name: str) -> PretrainedConfig:
@@ -108,7 +111,9 @@ def shape_config(name: str) -> PretrainedConfig:
     return _config(preset, vocab_size, {"eos_token_id": 0, "pad_token_id": 0, "bos_token_id": 0})
 
 
-def _config(preset: Preset, vocab_size: int, special: dict[str, int | None]) -> PretrainedConfig:
+def _config(
+    preset: Preset, vocab_size: int, special: dict[str, int | None], context: int = MAX_POSITION_EMBEDDINGS
+) -> PretrainedConfig:
     return CONFIG_CLASSES[preset.arch](
         vocab_size=vocab_size,
         hidden_size=preset.hidden_size,
@@ -117,7 +122,7 @@ def _config(preset: Preset, vocab_size: int, special: dict[str, int | None]) -> 
         num_attention_heads=preset.num_heads,
         num_key_value_heads=preset.num_kv_heads,
         head_dim=preset.head_dim,
-        max_position_embeddings=MAX_POSITION_EMBEDDINGS,
+        max_position_embeddings=context,
         initializer_range=preset.initializer_range,
         tie_word_embeddings=True,
         dtype="float32",
@@ -137,8 +142,11 @@ def count_preset_parameters(name: str) -> int:
     return count_parameters(model)
 
 
-def init_model(preset: str, out_dir: str | Path, seed: int = 0, overwrite: bool = False) -> Path:
-    """Build preset `preset` with weights seeded by `seed`; save model, tokenizer and chat template to `out_dir`.
+def init_model(
+    preset: str, out_dir: str | Path, seed: int = 0, overwrite: bool = False, context: int = MAX_POSITION_EMBEDDINGS
+) -> Path:
+    """Build preset `preset` with weights seeded by `seed` and a context window of `context` tokens (rotary
+    positions: any length trains); save model, tokenizer and chat template to `out_dir`.
 
     The directory appears complete or not at all: everything is written to a temp dir beside it, then renamed.
     An existing non-empty `out_dir` is refused unless `overwrite=True`.
@@ -150,8 +158,10 @@ def init_model(preset: str, out_dir: str | Path, seed: int = 0, overwrite: bool 
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ModelOutError(f"model output dir {out} is not empty; pass --overwrite to replace it (overwrite=True)")
 
-    tokenizer = build_tokenizer(get_preset(preset).template)
-    config = build_config(preset, tokenizer)
+    if context < 64:
+        raise ThermikError(f"--context {context} is too short for a chat; use at least 64 tokens")
+    tokenizer = build_tokenizer(get_preset(preset).template, context)
+    config = build_config(preset, tokenizer, context)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)

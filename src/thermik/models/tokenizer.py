@@ -45,9 +45,9 @@ def _byte_level_backend() -> Tokenizer:
     return tok
 
 
-def build_tokenizer(template: str = "chatml-tools") -> PreTrainedTokenizerFast:
+def build_tokenizer(template: str = "chatml-tools", context: int = 2048) -> PreTrainedTokenizerFast:
     """The tiny-model tokenizer: 269 tokens, left padding, eos ``<|im_end|>``, pad ``<|endoftext|>``, no BOS; its chat
-    template is `CHAT_TEMPLATES[template]`."""
+    template is `CHAT_TEMPLATES[template]`, its `model_max_length` `context`."""
     if template not in CHAT_TEMPLATES:
         raise ValueError(f"unknown chat template {template!r}; valid: {', '.join(CHAT_TEMPLATES)}")
     tokenizer = PreTrainedTokenizerFast(
@@ -58,7 +58,7 @@ def build_tokenizer(template: str = "chatml-tools") -> PreTrainedTokenizerFast:
         bos_token=None,
         unk_token=None,
         clean_up_tokenization_spaces=False,
-        model_max_length=2048,
+        model_max_length=context,
     )
     tokenizer.chat_template = CHAT_TEMPLATES[template]
     if len(tokenizer) != VOCAB_SIZE:

@@ -16,6 +16,9 @@ from thermik.envs.tool_use import function_schema
 from thermik.tasks.repo_repair.sandbox import Sandbox, head_tail_text
 
 PYTEST = "python -m pytest -rA -q -p no:cacheprovider"
+"""Grading and validation: every test's outcome in the summary."""
+TOOL_PYTEST = "python -m pytest -q --tb=short -p no:cacheprovider"
+"""The run_tests tool: short tracebacks, only failures and errors in the summary (compact for small contexts)."""
 _TIMING = re.compile(r" in \d+(\.\d+)?s( \(\d+:\d+:\d+\))?")
 _MAX_SEARCH_RESULTS = 100
 _MAX_FILE_BYTES = 2_000_000
@@ -136,7 +139,7 @@ class RepoTools:
         return head_tail_text("\n".join(hits), self.max_output_chars) if hits else f"no match for {pattern!r}"
 
     def run_tests(self, tests: str = "") -> str:
-        result = self.sandbox.run(f"{PYTEST} {tests}".strip())
+        result = self.sandbox.run(f"{TOOL_PYTEST} {tests}".strip())
         return _TIMING.sub("", result.format())
 
     def finish(self) -> str:
