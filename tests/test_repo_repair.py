@@ -325,3 +325,4 @@ def test_env_metrics_are_summed_and_mask_episode_zeroes_the_loss(mask: bool) -> 
     assert (sum(traj.loss_mask) == 0) == mask
     metrics = rollout_metrics([traj])
     assert metrics["demo/seconds"] == 3.0 and metrics.get("episodes/masked_frac", 0.0) == float(mask)
+    assert "overlong" not in traj.env_metrics  # masked by the env's choice, not for length (episodes/overlong)

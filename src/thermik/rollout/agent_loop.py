@@ -208,7 +208,7 @@ async def run_episode(
                 break
     finally:
         _end_session(engine, run.session_id)  # the engine kept this episode's cache between turns
-    return episode.finish(run.overlong or traj.env_metrics.get("masked", 0.0) > 0)
+    return episode.finish(run.overlong, masked=traj.env_metrics.get("masked", 0.0) > 0)
 
 
 def _count_thinking(traj: Trajectory, chat: ChatTokenizer, sampled: list[int]) -> None:

@@ -12,7 +12,7 @@ class TrajectoryInvariantError(AssertionError):
 
 def check_trajectory(traj: Trajectory, sampled_per_turn: list[list[int]]) -> None:
     """The response is exactly each turn's sampled ids followed by its observation ids, in order;
-    the loss mask is 1 exactly on sampled ids (or all 0 for an overlong sample); per-token fields align."""
+    the loss mask is 1 exactly on sampled ids (or all 0 for an overlong or env-masked sample); per-token fields align."""
     n = len(traj.response_ids)
     for name in ("loss_mask", "rollout_logprobs", "weight_versions", "rewards"):
         if len(getattr(traj, name)) != n:
@@ -28,8 +28,8 @@ def check_trajectory(traj: Trajectory, sampled_per_turn: list[list[int]]) -> Non
         cursor = end_obs
     if cursor != n:
         raise TrajectoryInvariantError(f"response has {n - cursor} tokens after the last turn")
-    overlong = traj.env_metrics.get("overlong", 0.0) > 0
-    if traj.loss_mask != ([0] * n if overlong else expected_mask):
+    untrained = traj.env_metrics.get("overlong", 0.0) > 0 or traj.env_metrics.get("masked", 0.0) > 0
+    if traj.loss_mask != ([0] * n if untrained else expected_mask):
         raise TrajectoryInvariantError("loss mask is not 1 exactly on sampled tokens")
     for i, m in enumerate(expected_mask):
         if m == 0 and (traj.weight_versions[i] != -1 or traj.rewards[i] != 0.0):

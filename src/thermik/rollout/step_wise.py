@@ -121,13 +121,14 @@ class EpisodeSamples:
         if last is not None:
             current.turn_spans[-1] = last
 
-    def finish(self, overlong: bool) -> Trajectory:
-        """The head with its continuations; an overlong episode trains on nothing (every mask zeroed). Then the
+    def finish(self, overlong: bool, masked: bool = False) -> Trajectory:
+        """The head with its continuations; an overlong episode, or one its env masked (`mask_episode`), trains on
+        nothing (every mask zeroed), and only the overlong one counts in `episodes/overlong`. Then the
         token-in/token-out check on every sample."""
         for sample, turns in zip(self.samples, self.sampled, strict=True):
-            if overlong:
+            if overlong or masked:
                 sample.loss_mask = [0] * len(sample.loss_mask)
-                sample.env_metrics["overlong"] = 1.0
+                sample.env_metrics["overlong" if overlong else "masked"] = 1.0
             check_trajectory(sample, turns)
         self.head.continuations = self.samples[1:]
         return self.head
