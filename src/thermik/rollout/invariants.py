@@ -12,7 +12,8 @@ class TrajectoryInvariantError(AssertionError):
 
 def check_trajectory(traj: Trajectory, sampled_per_turn: list[list[int]]) -> None:
     """The response is exactly each turn's sampled ids followed by its observation ids, in order;
-    the loss mask is 1 exactly on sampled ids (or all 0 for an overlong or env-masked sample); per-token fields align."""
+    the loss mask is 1 exactly on sampled ids (or all 0 for an overlong or env-masked sample);
+    per-token fields align."""
     n = len(traj.response_ids)
     for name in ("loss_mask", "rollout_logprobs", "weight_versions", "rewards"):
         if len(getattr(traj, name)) != n:
