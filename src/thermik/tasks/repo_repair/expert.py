@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from thermik.config.schema import RepoRepairConfig
+from thermik.tasks.repo_repair import mutations
 from thermik.tasks.repo_repair.sandbox import Sandbox
 from thermik.tasks.repo_repair.server import limits_of
 from thermik.tasks.repo_repair.tools import RepoTools
@@ -85,7 +86,7 @@ class Step:
 def _enclosing_function(source: str, line: int) -> tuple[str, int, int]:
     """(name, first line, last line) of the innermost function holding `line` ('' and the line itself if none)."""
     best = ("", line, line)
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(mutations.parse(source)):
         holds = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.lineno <= line <= (
             node.end_lineno or 0
         )

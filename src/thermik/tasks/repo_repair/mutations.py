@@ -9,6 +9,7 @@ constant, swapped arguments, dropped branch, wrong variable. `sites(function)` l
 from __future__ import annotations
 
 import ast
+import threading
 from dataclasses import dataclass
 
 KINDS = ("operator", "comparison", "off_by_one", "constant", "swap_arguments", "drop_branch", "wrong_variable")
@@ -20,6 +21,24 @@ _COMPARISONS: dict[type[ast.cmpop], type[ast.cmpop]] = {
     ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
     ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is,
 }  # fmt: skip
+
+
+# Task generation parses and unparses in worker threads; CPython 3.11 before 3.11.8 keeps the AST converter's
+# recursion depth in shared state, and two threads converting at once fail with "AST constructor recursion depth
+# mismatch". One lock around each conversion (microseconds) keeps the threads safe on every 3.11.
+_AST_LOCK = threading.Lock()
+
+
+def parse(source: str) -> ast.Module:
+    """`ast.parse`, safe to call from several threads."""
+    with _AST_LOCK:
+        return ast.parse(source)
+
+
+def unparse(tree: ast.AST) -> str:
+    """`ast.unparse`, safe to call from several threads."""
+    with _AST_LOCK:
+        return ast.unparse(tree)
 
 
 @dataclass(frozen=True)
@@ -66,20 +85,20 @@ def _kinds_of(node: ast.AST, fn: ast.FunctionDef) -> list[str]:
 
 def sites(source: str, function: str) -> list[Site]:
     """Every mutation site of `function` in the module `source`."""
-    fn = _function(ast.parse(source), function)
+    fn = _function(parse(source), function)
     return [Site(kind, i) for i, node in enumerate(ast.walk(fn)) for kind in _kinds_of(node, fn)]
 
 
 def mutate(source: str, function: str, site: Site) -> str:
     """The module's source with the one mutation `site` applied to `function` (ast.unparse form)."""
-    tree = ast.parse(source)
+    tree = parse(source)
     fn = _function(tree, function)
     node = list(ast.walk(fn))[site.index]
     if site.kind == "drop_branch":
         _drop(fn, node)
     else:
         _MUTATORS[site.kind](node, fn)
-    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+    return unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
 def _operator(node: ast.AST, fn: ast.FunctionDef) -> None:
@@ -149,4 +168,4 @@ _MUTATORS = {
 
 def canonical(source: str) -> str:
     """A source in `ast.unparse` form (what mutations produce, so a diff shows only the mutated lines)."""
-    return ast.unparse(ast.parse(source)) + "\n"
+    return unparse(parse(source)) + "\n"
