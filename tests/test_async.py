@@ -180,5 +180,6 @@ def test_async_run_learns_with_bounded_staleness(tmp_path, tiny_model_dir) -> No
     lines = [json.loads(x) for x in (tmp_path / "async" / "metrics.jsonl").read_text().splitlines()]
     staleness = [x["off_policy/staleness_max"] for x in lines if "off_policy/staleness_max" in x]
     assert len(staleness) == 24 and max(staleness) <= 1 and max(staleness) == 1
+    assert not any("time/train_cpu" in x for x in lines)  # the halves overlap: neither's CPU seconds are its own
     plots = tmp_path / "async" / "plots"
     assert (plots / "reward_vs_samples.png").stat().st_size > 0 and (plots / "reward_vs_time.png").stat().st_size > 0

@@ -43,3 +43,6 @@ def test_grpo_raises_reward(tmp_path, tiny_model_dir) -> None:
     lines = [json.loads(x) for x in (tmp_path / "count-a" / "metrics.jsonl").read_text().splitlines()]
     mismatch = [x["mismatch/logprob_abs_diff"] for x in lines if "mismatch/logprob_abs_diff" in x]
     assert max(mismatch) < 1e-3  # rollout and trainer logprobs agree (same weights, same temperature)
+    steps = [x for x in lines if "time/step" in x]
+    # the halves run alone in a synchronous step: each reports this process's CPU seconds (async_vs_sync's bound)
+    assert all(x["time/generate_cpu"] > 0 and x["time/train_cpu"] > 0 for x in steps)

@@ -89,12 +89,15 @@ def make_rollout(
 
 
 async def sample_rollout(ctx: RolloutContext, step: int) -> Rollout:
-    """All episodes of the step sampled now, concurrently, on ctx.engine (+ DAPO dynamic sampling)."""
-    t0 = time.perf_counter()
+    """All episodes of the step sampled now, concurrently, on ctx.engine (+ DAPO dynamic sampling). Besides its wall
+    time, `time/generate_cpu`: this process's CPU seconds meanwhile, all threads (tool servers in other processes
+    not counted); with `time/train_cpu` they say how much of a step the cores are busy (benchmarks/async_vs_sync.py)."""
+    t0, cpu0 = time.perf_counter(), time.process_time()
     sampled, trajs, metrics = await sample_groups(ctx, step)
     if isinstance(ctx.engine, InProcessKVCache):  # its cached prefixes go stale at the update: free them for training
         ctx.engine.release_idle_cache()
-    return make_rollout(ctx, step, sampled, trajs, {**metrics, "time/generate": time.perf_counter() - t0})
+    seconds = {"time/generate": time.perf_counter() - t0, "time/generate_cpu": time.process_time() - cpu0}
+    return make_rollout(ctx, step, sampled, trajs, {**metrics, **seconds})
 
 
 async def produced_rollout(
@@ -148,5 +151,8 @@ async def learner_update(learner: Learner, rollout: Rollout, step: int, *, async
     """Advantages, then the policy (and critic) update in this process, in a thread: async rollouts and tool calls
     go on meanwhile. asynchronous: the rollout logprobs are the behaviour policy (asynchronous training)."""
     assert rollout.batch is not None  # rl_step updates only a rollout with a batch
+    cpu0 = time.process_time()
     metrics, t_train = await train_on_batch(learner, rollout.batch, step, asynchronous=asynchronous)
+    if not asynchronous:  # alone in the process: its CPU seconds are the update's (time/generate_cpu's twin)
+        metrics = {**metrics, "time/train_cpu": time.process_time() - cpu0}
     return with_train_speed(metrics, rollout.batch, t_train)
