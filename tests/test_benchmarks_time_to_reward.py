@@ -59,32 +59,41 @@ def test_bad_arguments_are_named(ttr, tmp_path):
         ttr.parse_args(["--model", str(tmp_path), "--group", "1"])
 
 
-def test_overlap_bound_is_the_slower_half_of_the_synchronous_step(async_bench, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    ("sync", "mode", "step_s", "expected"),
+    [
+        pytest.param(  # 2 CPU s over 2 cores take 1 s, below the slower half: the shared-cores bound is that half
+            {"step_s": 3.0, "rollout_s": 2.0, "train_s": 0.9, "cpu_s": 2.0},
+            "k=1, in-flight, kv keep",
+            2.5,
+            [
+                "rollout 2.00 s, train + weight sync 0.90 s, max 2.00 s",
+                "speed-up at the bound 1.50x",
+                "2.00 CPU s per synchronous step over 2 cores = 1.00 s, so max 2.00 s",
+                "k=1, in-flight, kv keep: 2.50 s/step = 80.0% of the overlap bound, 80.0% of the shared-cores bound",
+            ],
+            id="slower-half",
+        ),
+        pytest.param(  # the cores are busy 3.2 CPU s a step: on 2 cores no overlap finishes under 1.6 s
+            {"step_s": 2.2, "rollout_s": 1.3, "train_s": 0.9, "cpu_s": 3.2},
+            "split processes, k=1",
+            1.6,
+            [
+                "max 1.30 s",
+                "3.20 CPU s per synchronous step over 2 cores = 1.60 s, so max 1.60 s",
+                "split processes, k=1: 1.60 s/step = 81.2% of the overlap bound, 100.0% of the shared-cores bound",
+            ],
+            id="cpu-work",
+        ),
+    ],
+)
+def test_bounds_of_the_synchronous_step(async_bench, capsys, monkeypatch, sync, mode, step_s, expected):
     monkeypatch.setattr(async_bench.os, "sched_getaffinity", lambda pid: {0, 1})
-    results = {
-        "synchronous": {"step_s": (3.0, 0.1), "rollout_s": (2.0, 0.1), "train_s": (0.9, 0.0), "cpu_s": (2.0, 0.0)},
-        "k=1, in-flight, kv keep": {"step_s": (2.5, 0.1), "rollout_s": (0.1, 0.0), "train_s": (0.9, 0.0)},
-    }
-    async_bench.print_overlap_bound(results)
+    rows = {"synchronous": {k: (v, 0.0) for k, v in sync.items()}, mode: {"step_s": (step_s, 0.0)}}
+    async_bench.print_overlap_bound(rows)
     out = capsys.readouterr().out
-    assert "rollout 2.00 s, train + weight sync 0.90 s, max 2.00 s" in out
-    assert "speed-up at the bound 1.50x" in out
-    # 2 CPU seconds over 2 cores take 1 s: below the slower half, so the shared-cores bound is that half
-    assert "2.00 CPU s per synchronous step over 2 cores = 1.00 s, so max 2.00 s" in out
-    assert "k=1, in-flight, kv keep: 2.50 s/step = 80.0% of the overlap bound, 80.0% of the shared-cores bound" in out
-
-
-def test_shared_cores_bound_counts_the_cpu_work_the_halves_cannot_overlap(async_bench, capsys, monkeypatch):
-    monkeypatch.setattr(async_bench.os, "sched_getaffinity", lambda pid: {0, 1})
-    results = {  # the cores are busy 3.2 CPU s a step: on 2 cores no overlap finishes under 1.6 s
-        "synchronous": {"step_s": (2.2, 0.0), "rollout_s": (1.3, 0.0), "train_s": (0.9, 0.0), "cpu_s": (3.2, 0.0)},
-        "split processes, k=1": {"step_s": (1.6, 0.0), "rollout_s": (0.0, 0.0), "train_s": (1.5, 0.0)},
-    }
-    async_bench.print_overlap_bound(results)
-    out = capsys.readouterr().out
-    assert "max 1.30 s" in out
-    assert "3.20 CPU s per synchronous step over 2 cores = 1.60 s, so max 1.60 s" in out
-    assert "split processes, k=1: 1.60 s/step = 81.2% of the overlap bound, 100.0% of the shared-cores bound" in out
+    for line in expected:
+        assert line in out
 
 
 def test_step_halves_are_averaged_after_the_first_step(async_bench):
