@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -42,6 +43,16 @@ def test_split_orchestrator_loads_shared_memory_weights_into_a_running_request(t
     state = perturbed(v0)
     v1.load_state_dict(state)
     engine = EmbeddedEngine(load(tiny_model_dir), eos_token_ids=(), pad_token_id=0, inflight_kv="recompute")
+    # From the trainer's ring until the server has the weights, each model call takes 20 ms more: the request's
+    # remaining ~1000 tokens then outlast the 15 s the load may take, however loaded the machine is.
+    pacing, model_call = threading.Event(), engine.native.forward
+
+    def paced_call(*args: object, **kwargs: object) -> torch.Tensor:
+        if pacing.is_set():
+            time.sleep(0.02)
+        return model_call(*args, **kwargs)
+
+    engine.native.forward = paced_call
     app = build_app(engine, load_tokenizer(tiny_model_dir), "tiny", max_model_len=2048)
     with running(app, on_exit=engine.close) as url:
         cfg = short_rl_config(
@@ -57,11 +68,13 @@ def test_split_orchestrator_loads_shared_memory_weights_into_a_running_request(t
                 while engine.num_forwards < 5:
                     await asyncio.sleep(0.001)
                 t0 = time.perf_counter()
+                pacing.set()
                 publish_state(state, orch.layout, 1, cfg)  # what the trainer does after its first update
                 shared = is_shared(orch.layout.weights_dir(1))
                 while orch.weight_step < 1:
                     await asyncio.sleep(0.005)
                 loaded_after = time.perf_counter() - t0
+                pacing.clear()
                 return await request, loaded_after, dict(orch.step_of_version), shared
             finally:
                 follower.cancel()
